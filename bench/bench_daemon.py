@@ -1,0 +1,156 @@
+"""The controller daemon's own cost per tick, without Prometheus or Kubernetes I/O.
+
+Run: ``nice .venv/bin/python bench/bench_daemon.py [--pools 1 8] [--instances 2 64] [--ticks 300] [--json out.json]``
+
+- ``Pipeline.tick``: aggregate a synthetic scrape (every instance's vLLM counters and gauges growing at fixed
+  rates), one batched Holt forecaster step, ``decide`` per pool, the GPU budget across pools.
+- ``Daemon.tick``: the same plus the in-memory dry-run actuator (``current`` + ``apply``), the telemetry
+  registry and the JSONL audit log (to a temporary file), on a virtual clock.
+What a live tick adds on top is the I/O, measured in bench/bench_controller_io.py (a 10-instance scrape ≈ 50 ms,
+an apply ≈ 3-5 ms). Prints a Markdown table for docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from controller.actuators.base import RoleReplicas
+from controller.actuators.dryrun import DryRunActuator
+from controller.audit import AuditLog
+from controller.clock import VirtualClock
+from controller.config import PolicyConfig
+from controller.daemon import Daemon
+from controller.pipeline import Pipeline, PoolCounts, PoolSetup
+from controller.telemetry import Telemetry
+from forecaster.baselines import Holt
+from serving.sim import samples as s
+from serving.sim.fleet import PoolSpec
+
+
+class SyntheticSource:
+    """``n_pools`` pools of ``per_pool`` instances (half prefill, half decode); counters grow with time."""
+
+    def __init__(self, n_pools: int, per_pool: int) -> None:
+        self.ids = tuple(
+            f"p{p}-{'prefill' if i % 2 == 0 else 'decode'}-{i}"
+            for p in range(n_pools)
+            for i in range(per_pool)
+        )
+        self.pools = tuple(i.split("-")[0] for i in self.ids)
+        self.roles = tuple(i.split("-")[1] for i in self.ids)
+        prefill = np.array([r == "prefill" for r in self.roles])
+        self.prompt_rate = np.where(prefill, 4000.0, 0.0)
+        self.gen_rate = np.where(prefill, 0.0, 600.0)
+        self.req_rate = np.where(prefill, 3.0, 0.0)
+        self.running = np.where(prefill, 0.0, 30.0)
+
+    def scrape(self, now_s: float) -> s.InstanceSamples:
+        n = len(self.ids)
+        return s.InstanceSamples(
+            now_s=now_s,
+            instance_ids=self.ids,
+            pools=self.pools,
+            roles=self.roles,
+            nodes=self.ids,
+            states=("active",) * n,
+            gauges={
+                s.NUM_REQUESTS_RUNNING: self.running,
+                s.NUM_REQUESTS_WAITING: np.zeros(n),
+                s.KV_CACHE_USAGE_PERC: np.full(n, 0.3),
+            },
+            counters={
+                s.PROMPT_TOKENS_TOTAL: self.prompt_rate * now_s,
+                s.GENERATION_TOKENS_TOTAL: self.gen_rate * now_s,
+                s.ROUTER_REQUESTS_TOTAL: self.req_rate * now_s,
+            },
+        )
+
+
+def _setups(n_pools: int) -> list[PoolSetup]:
+    policy = PolicyConfig(standby_decode=1)
+    return [PoolSetup(PoolSpec(name=f"p{p}"), policy) for p in range(n_pools)]
+
+
+def _stats(times_s: list[float]) -> dict[str, float]:
+    ms = sorted(t * 1000.0 for t in times_s)
+    return {"median_ms": statistics.median(ms), "p99_ms": ms[int(0.99 * (len(ms) - 1))], "max_ms": ms[-1]}
+
+
+def bench_pipeline(n_pools: int, per_pool: int, ticks: int) -> dict[str, float]:
+    source = SyntheticSource(n_pools, per_pool)
+    pipe = Pipeline(_setups(n_pools), Holt(), gpu_budget=8 * n_pools * per_pool)
+    one = {"prefill": per_pool // 2, "decode": per_pool // 2}
+    zero = {"prefill": 0, "decode": 0}
+    counts = {f"p{p}": PoolCounts(one, one, zero, zero) for p in range(n_pools)}
+    times = []
+    for k in range(ticks):
+        now = 1.7e9 + k
+        scrape = source.scrape(now)
+        t0 = time.perf_counter()
+        pipe.tick(scrape, counts, now)
+        times.append(time.perf_counter() - t0)
+    return _stats(times[5:])
+
+
+def bench_daemon(n_pools: int, per_pool: int, ticks: int) -> dict[str, float]:
+    source = SyntheticSource(n_pools, per_pool)
+    half = per_pool // 2
+    actuator = DryRunActuator(
+        {f"p{p}": {r: RoleReplicas(half, half) for r in ("prefill", "decode")} for p in range(n_pools)}
+    )
+    clock = VirtualClock()
+    with tempfile.TemporaryDirectory() as tmp, AuditLog(Path(tmp) / "audit.jsonl") as audit:
+        daemon = Daemon(
+            _setups(n_pools), source, actuator, Holt(), clock=clock, tick_s=1.0,
+            telemetry=Telemetry(clock), audit=audit,
+        )  # fmt: skip
+        times = []
+        for _ in range(ticks):
+            t0 = time.perf_counter()
+            report = daemon.tick()
+            times.append(time.perf_counter() - t0)
+            assert report.ok, report.message
+            clock.advance(1.0)
+    return _stats(times[5:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pools", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--instances", type=int, nargs="+", default=[2, 64], help="instances per pool")
+    parser.add_argument("--ticks", type=int, default=300)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    for n_pools in args.pools:
+        for per_pool in args.instances:
+            for what, fn in (
+                ("Pipeline.tick", bench_pipeline),
+                ("Daemon.tick (dry-run, audit, metrics)", bench_daemon),
+            ):
+                rows.append({"what": what, "pools": n_pools, "instances_per_pool": per_pool,
+                             **fn(n_pools, per_pool, args.ticks)})  # fmt: skip
+    print("| what | pools × instances | median ms | p99 ms | max ms |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| `{r['what']}` | {r['pools']} × {r['instances_per_pool']} | {r['median_ms']:.2f} | "
+            f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} |"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Streaming forecaster tick cost vs re-running the window, and training throughput of the network.
+
+Usage::
+
+    .venv/bin/python bench/bench_streaming.py                      # 1,000 and 10,000 nodes, 1 thread
+    .venv/bin/python bench/bench_streaming.py --nodes 1000 --ticks 200 --json out/bench_streaming.json
+    .venv/bin/python bench/bench_streaming.py --no-train           # skip the training-throughput figure
+
+A tick is ``LearnedForecaster.step``: encode raw channels, one LSTM step + attention over the ring per node,
+decode to totals — batched across all nodes. The naive way re-runs the network's full forward over the last
+``window`` encoded inputs of every node and keeps the last position. Both run side by side in one process,
+interleaved, on default hyper-parameters (hidden 64, 2 layers, 4 heads, window 60). Reported: median and
+10th percentile of wall time per tick, the median CPU time of the (single) computing thread (closest to the
+uncontended cost on a shared machine), and the ratio of wall medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from forecaster.features import DEFAULT_SCHEMA, Normalizer, encode_step
+from forecaster.network import LstmAttentionNet, burst_bce, pinball_loss
+from forecaster.streaming import LearnedForecaster
+from forecaster.types import CHANNELS
+
+T0_S = 1.7e9
+
+
+def _stats(wall_s: list[float], cpu_s: list[float]) -> dict[str, float]:
+    a, c = np.asarray(wall_s) * 1e3, np.asarray(cpu_s) * 1e3
+    return {
+        "median_ms": float(np.median(a)),
+        "p10_ms": float(np.percentile(a, 10)),
+        "cpu_median_ms": float(np.median(c)),
+        "n": float(len(a)),
+    }
+
+
+def bench_ticks(n: int, ticks: int, naive_every: int, seed: int = 0) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    net = LstmAttentionNet(DEFAULT_SCHEMA.n_inputs)
+    nz = Normalizer.identity()
+    f = LearnedForecaster(net, DEFAULT_SCHEMA, nz, 5.0, "bench")
+    f.reset([f"node-{i}" for i in range(n)])
+    rng = np.random.default_rng(seed)
+    w = net.window
+    history = np.zeros((n, w, DEFAULT_SCHEMA.n_inputs), dtype=np.float32)
+    stream: list[float] = []
+    naive: list[float] = []
+    stream_cpu: list[float] = []
+    naive_cpu: list[float] = []
+    for t in range(w + 5 + ticks):
+        x = rng.gamma(2.0, 5.0, size=(n, len(CHANNELS)))
+        mask = rng.random(x.shape) > 0.05
+        t0, c0 = time.perf_counter(), time.thread_time()
+        f.step(x, mask, T0_S + t)
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+        history = np.roll(history, -1, axis=1)
+        history[:, -1] = encode_step(x, mask, nz, T0_S + t)
+        if t < w + 5:
+            continue  # warm-up: fill the ring and the history
+        stream.append(dt)
+        stream_cpu.append(dc)
+        if (t - w - 5) % naive_every == 0:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            with torch.inference_mode():
+                out = net(torch.from_numpy(history))
+                _ = out.quantiles[:, -1].numpy(), torch.sigmoid(out.burst_logit[:, -1]).numpy()
+            naive.append(time.perf_counter() - t0)
+            naive_cpu.append(time.thread_time() - c0)
+    s, nv = _stats(stream, stream_cpu), _stats(naive, naive_cpu)
+    return {
+        "nodes": n,
+        "stream": s,
+        "naive_window_rerun": nv,
+        "ratio_median": nv["median_ms"] / s["median_ms"],
+    }
+
+
+def bench_training(batch: int, seq: int, steps: int, threads: int) -> dict[str, Any]:
+    """Forward + backward + Adam over ``batch`` sequences of ``seq`` steps; every position is one window."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    net = LstmAttentionNet(DEFAULT_SCHEMA.n_inputs)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    x = torch.randn(batch, seq, DEFAULT_SCHEMA.n_inputs)
+    y = torch.randn(batch, seq, 3)
+    b = (torch.rand(batch, seq) > 0.9).float()
+    times: list[float] = []
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        out = net(x)
+        loss = pinball_loss(out.quantiles, y, (0.5, 0.9)) + burst_bce(out.burst_logit, b)
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        if i:  # the first step pays one-off allocation costs
+            times.append(time.perf_counter() - t0)
+    med = float(np.median(times))
+    return {
+        "batch": batch,
+        "seq": seq,
+        "threads": threads,
+        "step_median_s": med,
+        "windows_per_s": batch * seq / med,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, nargs="+", default=[1000, 10000])
+    p.add_argument("--ticks", type=int, default=100, help="measured streaming ticks per node count")
+    p.add_argument("--naive-every", type=int, default=10, help="run the naive window re-run every k ticks")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the tick benchmark")
+    p.add_argument("--no-train", action="store_true", help="skip the training-throughput measurement")
+    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+        "loadavg_before": os.getloadavg(),
+        "threads": a.threads,
+        "ticks": [],
+    }
+    for n in a.nodes:
+        r = bench_ticks(n, a.ticks if n <= 2000 else max(a.ticks // 4, 10), a.naive_every)
+        results["ticks"].append(r)
+        s, nv = r["stream"], r["naive_window_rerun"]
+        print(
+            f"{n:>6} nodes: stream wall median {s['median_ms']:7.2f} ms (p10 {s['p10_ms']:7.2f}, "
+            f"cpu {s['cpu_median_ms']:7.2f}) | naive 60-step re-run wall median {nv['median_ms']:8.1f} ms "
+            f"(p10 {nv['p10_ms']:8.1f}, cpu {nv['cpu_median_ms']:8.1f}) | ratio {r['ratio_median']:.0f}x"
+        )
+    if not a.no_train:
+        results["training"] = []
+        for threads in (1, 2):  # on a shared, oversubscribed machine 2 threads can be far slower than 1
+            tr = bench_training(batch=32, seq=256, steps=5, threads=threads)
+            results["training"].append(tr)
+            print(
+                f"training: batch {tr['batch']} x {tr['seq']} steps, {tr['threads']} thread(s): "
+                f"{tr['step_median_s']:.3f} s/step = {tr['windows_per_s']:,.0f} windows/s"
+            )
+    results["loadavg_after"] = os.getloadavg()
+    print(f"load average before {results['loadavg_before']}, after {results['loadavg_after']}")
+    if a.json is not None:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

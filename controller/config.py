@@ -1,0 +1,187 @@
+"""Controller configuration: pydantic models validated at the edge (files, environment, CLI).
+
+Invalid values are rejected with a message naming the field; nothing is rewritten silently. Each
+component receives only its own slice (the policy gets a ``PolicyConfig``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is invalid; the message names the field (and file)."""
+
+
+class PolicyConfig(BaseModel):
+    """Parameters of the predictive policy for one pool. Defaults come from the seed articles where they
+    give one (claims, not measurements: tune them with ``pdscale tune``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    headroom: float = Field(
+        0.3, ge=0.0, le=5.0, description="extra capacity over the p90 forecast (seed: 30 %)"
+    )
+    buffer_multiplier: float = Field(
+        2.0, ge=0.0, le=10.0, description="decode sequence capacity reserved, × current load (seed: 2.0)"
+    )
+    standby_prefill: int = Field(0, ge=0, le=64, description="warm-standby prefill replicas")
+    standby_decode: int = Field(2, ge=0, le=64, description="warm-standby decode replicas (seed: 2)")
+    burst_threshold: float = Field(
+        0.5, gt=0.0, le=1.0, description="burst probability that promotes the standby replicas"
+    )
+    qps_change_alert_per_min: float = Field(
+        0.15,
+        gt=0.0,
+        le=100.0,
+        description="arrival-rate growth per minute that promotes standby (seed: 15 %/min)",
+    )
+    alert_hold_s: float = Field(30.0, ge=0.0, le=3600.0, description="promoted capacity is held this long")
+    ramp_up_s: float = Field(
+        120.0,
+        ge=0.0,
+        le=3600.0,
+        description="seconds to go from min to max replicas by scale-up (seed: 120 s)",
+    )
+    scale_down_delay_s: float = Field(
+        60.0, ge=0.0, le=86400.0, description="no scale-down until the target has been lower for this long"
+    )
+    max_scale_down_per_min: float = Field(
+        4.0, gt=0.0, le=1000.0, description="replicas per role removed per minute at most"
+    )
+    tolerance: float = Field(0.0, ge=0.0, lt=1.0, description="relative change ignored (no flapping)")
+    pd_ratio_min: float = Field(0.0, ge=0.0, description="lower bound of prefill:decode (0 = none)")
+    pd_ratio_max: float = Field(0.0, ge=0.0, description="upper bound of prefill:decode (0 = none)")
+    min_prefill: int = Field(1, ge=0)
+    max_prefill: int = Field(64, ge=0)
+    min_decode: int = Field(1, ge=0)
+    max_decode: int = Field(64, ge=0)
+    degrade_recover_s: float = Field(
+        30.0, ge=0.0, le=3600.0, description="demand must stay under max this long before degradation lifts"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PolicyConfig:
+        problems = []
+        if self.min_prefill > self.max_prefill:
+            problems.append(f"min_prefill ({self.min_prefill}) > max_prefill ({self.max_prefill})")
+        if self.min_decode > self.max_decode:
+            problems.append(f"min_decode ({self.min_decode}) > max_decode ({self.max_decode})")
+        if self.pd_ratio_max and self.pd_ratio_min > self.pd_ratio_max:
+            problems.append(f"pd_ratio_min ({self.pd_ratio_min}) > pd_ratio_max ({self.pd_ratio_max})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def format_validation_error(err: ValidationError, source: str = "") -> str:
+    """One line per broken rule, each naming the field path (``policy.headroom: ...``)."""
+    where = f"{source}: " if source else ""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"{where}{loc}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_yaml_model(path: Path, model: type[M]) -> M:
+    """Read ``path`` as YAML and validate it into ``model``; errors name the file and the field."""
+    try:
+        raw: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: no such file") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(path))) from exc
+
+
+class PoolConfig(BaseModel):
+    """One model pool the controller sizes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field("default", min_length=1, description="pool name, as in the pool label of its metrics")
+    profile: str = Field("llama3-8b/a100", description="hardware profile MODEL/GPU for the capacity model")
+    slo_ttft_ms: float = Field(1000.0, gt=0.0, description="time-to-first-token SLO (P90), ms")
+    slo_itl_ms: float = Field(50.0, gt=0.0, description="inter-token latency SLO, ms")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+
+
+class SourceConfig(BaseModel):
+    """Where metrics come from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = Field("simulator", pattern="^(simulator|prometheus)$")
+    url: str | None = Field(None, description="Prometheus base URL (kind: prometheus)")
+    timeout_s: float = Field(2.0, gt=0.0, le=60.0)
+    bearer_token_file: Path | None = None
+    ca_file: Path | None = None
+    instance_label: str = "instance"
+    pool_label: str = "pool"
+    role_label: str = "role"
+
+    @model_validator(mode="after")
+    def _url(self) -> SourceConfig:
+        if self.kind == "prometheus" and not self.url:
+            raise ValueError("source.url is required when source.kind is 'prometheus'")
+        return self
+
+
+class ActuatorConfig(BaseModel):
+    """Where decisions go."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = Field("simulator", pattern="^(simulator|kubernetes|dry-run)$")
+    namespace: str = "default"
+    kubeconfig: Path | None = None
+    request_timeout_s: float = Field(5.0, gt=0.0, le=120.0)
+
+
+class SimulatorConfig(BaseModel):
+    """The simulated cluster (source and actuator kind ``simulator``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trace: Path | None = Field(None, description="trace to replay (default: the bundled Azure conv trace)")
+    duration_s: float | None = Field(None, gt=0.0, description="replay only the first DURATION_S seconds")
+    speed: float = Field(0.0, ge=0.0, description="virtual seconds per wall second (0 = as fast as possible)")
+
+
+class ControllerConfig(BaseModel):
+    """The controller daemon's configuration file (``pdscale controller --config FILE``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tick_s: float = Field(1.0, gt=0.0, le=60.0, description="control tick, seconds")
+    pools: list[PoolConfig] = Field(default_factory=lambda: [PoolConfig()], min_length=1)
+    gpu_budget: int | None = Field(None, ge=1, description="GPUs shared by all pools (None = unbounded)")
+    forecaster_checkpoint: Path | None = Field(None, description="default: the shipped checkpoint")
+    source: SourceConfig = Field(default_factory=SourceConfig)
+    actuator: ActuatorConfig = Field(default_factory=ActuatorConfig)
+    simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="serve /metrics, /healthz, /readyz")
+    audit_log: Path | None = Field(None, description="JSONL file of every decision and its reasons")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ControllerConfig:
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pools: names must be unique, got {names}")
+        if (self.source.kind == "simulator") != (self.actuator.kind == "simulator"):
+            raise ValueError("source.kind and actuator.kind must both be 'simulator' or neither")
+        return self

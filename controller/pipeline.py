@@ -1,0 +1,381 @@
+"""The per-tick core shared by the live daemon and the simulator's replay policy.
+
+One tick: a scrape (``InstanceSamples``) and each pool's replica counts → per-pool load
+(``LoadAggregator``) → smoothed request lengths → one batched forecaster step → ``PoolObservation`` →
+``controller.policy.decide`` → the fleet's GPU budget (``allocate_budget``) → per-pool
+``ScalingPlan | None`` with its reasons. No I/O: the caller scrapes, reads counts and applies.
+
+``None`` is "no opinion" (the load is unknown): the caller applies nothing for that pool, so unknown data
+never scales down. Instances that vanish from the scrape between two ticks mark their pool's observation
+incomplete for that tick (the policy may scale up but not down on it), because a vanished node reads as a
+drop in load that did not happen.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from controller.capacity import CapacityCache
+from controller.config import ControllerConfig, PolicyConfig
+from controller.policy import (
+    PolicyContext,
+    PoolForecast,
+    PoolObservation,
+    PoolState,
+    ScalingPlan,
+    decide,
+    stages,
+)
+from controller.policy.decide import allocate_budget
+from controller.policy.types import ROLES, RoleHistory
+from controller.sources.aggregate import LoadAggregator, PoolLoad
+from forecaster.types import ForecastBatch, Forecaster
+from serving.sim.fleet import PoolSpec, RoleCounts
+from serving.sim.samples import InstanceSamples
+
+log = logging.getLogger(__name__)
+
+LENGTH_HALFLIFE_S = 60.0  # mean prompt/output lengths are smoothed over about a minute of arrivals
+
+
+@dataclass(frozen=True)
+class PoolSetup:
+    """What the pipeline needs to know about one pool: its spec (profile, SLOs) and its policy."""
+
+    spec: PoolSpec
+    policy: PolicyConfig
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def setups_from_config(cfg: ControllerConfig) -> list[PoolSetup]:
+    """One ``PoolSetup`` per configured pool (the spec carries the policy's min/max per role)."""
+    out = []
+    for pool in cfg.pools:
+        p = pool.policy
+        spec = PoolSpec(
+            name=pool.name,
+            profile=pool.profile,
+            slo_ttft_ms=pool.slo_ttft_ms,
+            slo_itl_ms=pool.slo_itl_ms,
+            prefill=RoleCounts(initial=p.min_prefill, min=p.min_prefill, max=p.max_prefill),
+            decode=RoleCounts(initial=p.min_decode, min=p.min_decode, max=p.max_decode),
+        )
+        out.append(PoolSetup(spec, p))
+    return out
+
+
+@dataclass(frozen=True)
+class PoolCounts:
+    """A pool's instances per role as the actuator (or simulator) reports them.
+
+    ``replicas``: what the pool is set to (a Deployment's ``spec.replicas``); ``active``: serving;
+    ``standby``: warm and out of rotation; ``provisioning``: still starting. ``pending``: requests parked
+    in front of the pool with no instance to take them (the simulator's router knows; 0 elsewhere).
+    """
+
+    replicas: Mapping[str, int]
+    active: Mapping[str, int]
+    standby: Mapping[str, int]
+    provisioning: Mapping[str, int]
+    pending: float = 0.0
+
+
+@dataclass
+class LengthTracker:
+    """Smoothed mean prompt and output lengths of one pool (output ≈ generation tokens per arrival)."""
+
+    prompt_ewma: float = math.nan
+    output_ewma: float = math.nan
+    arrivals_ewma: float = math.nan
+
+    def update(self, load: PoolLoad, dt_s: float) -> None:
+        if not (math.isfinite(load.arrival_rps) and load.arrival_rps > 0):
+            return
+        a = 1.0 - 0.5 ** (dt_s / LENGTH_HALFLIFE_S)
+
+        def ewma(old: float, new: float) -> float:
+            if not math.isfinite(new):
+                return old
+            return new if math.isnan(old) else old + a * (new - old)
+
+        self.prompt_ewma = ewma(self.prompt_ewma, load.mean_prompt_tokens)
+        self.arrivals_ewma = ewma(self.arrivals_ewma, load.arrival_rps)
+        if math.isfinite(load.gen_tps):
+            gen_per_arrival = ewma(self.output_ewma * self.arrivals_ewma, load.gen_tps)
+            self.output_ewma = gen_per_arrival / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class PoolDecision:
+    """One pool's outcome of a tick. ``plan`` None = no opinion (apply nothing)."""
+
+    pool: str
+    plan: ScalingPlan | None
+    observation: PoolObservation
+    load: PoolLoad
+    forecast: PoolForecast | None
+    reasons: tuple[str, ...]
+    vanished: tuple[str, ...] = ()  # instances seen in the previous scrape and missing from this one
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """Every pool's decision at ``now_s``; ``forecast_error`` says why the forecast was skipped, if it was."""
+
+    now_s: float
+    decisions: Mapping[str, PoolDecision]
+    forecaster: str
+    forecast_error: str | None = None
+
+    def plans(self) -> list[ScalingPlan]:
+        return [d.plan for d in self.decisions.values() if d.plan is not None]
+
+
+def pool_forecast(batch: ForecastBatch, i: int) -> PoolForecast | None:
+    """Row ``i`` of a forecast batch, or None when both token forecasts are unknown."""
+    fc = PoolForecast(
+        horizon_s=batch.horizon_s,
+        arrivals_p50=float(batch.arrivals_p50[i]),
+        arrivals_p90=float(batch.arrivals_p90[i]),
+        prompt_tokens_p90=float(batch.prompt_tokens_p90[i]),
+        gen_tokens_p90=float(batch.gen_tokens_p90[i]),
+        burst_prob=float(batch.burst_prob[i]),
+    )
+    return None if math.isnan(fc.prompt_tokens_p90) and math.isnan(fc.gen_tokens_p90) else fc
+
+
+def recovered_state(counts: PoolCounts, now_s: float) -> PoolState:
+    """Policy state for a controller that (re)starts on a running pool: the current replicas count as a
+    scale-up made just now and a target wanted just now, so no role scales down before
+    ``scale_down_delay_s`` has passed (a fresh ``PoolState`` would allow an immediate full scale-down on the
+    first low reading). Scale-up is not held back: it is never the unsafe direction."""
+    roles = {
+        r: RoleHistory(last_scale_up_s=now_s, recent_targets=((now_s, int(counts.replicas.get(r, 0))),))
+        for r in ROLES
+    }
+    return replace(PoolState(), roles=roles)
+
+
+@dataclass
+class _Track:
+    setup: PoolSetup
+    capacity: CapacityCache
+    lengths: LengthTracker = field(default_factory=LengthTracker)
+    state: PoolState = field(default_factory=PoolState)
+    previous_state: PoolState = field(default_factory=PoolState)
+    instances: frozenset[str] = frozenset()
+
+
+class Pipeline:
+    """The per-tick core (see the module docstring). Holds the aggregator's previous scrape, the smoothed
+    lengths, the policy state per pool and the forecaster's streaming state; does no I/O.
+
+    ``epoch_offset_s`` is added to ``now_s`` for the forecaster's time features (0 when ``now_s`` is
+    already Unix time). ``guard_vanished``: mark a pool incomplete for a tick when instances vanish from
+    the scrape. ``gpu_budget``: GPUs shared by all pools (None = unbounded).
+    """
+
+    def __init__(
+        self,
+        pools: Sequence[PoolSetup],
+        forecaster: Forecaster,
+        *,
+        gpu_budget: int | None = None,
+        epoch_offset_s: float = 0.0,
+        guard_vanished: bool = True,
+    ) -> None:
+        if not pools:
+            raise ValueError("Pipeline: at least one pool is needed")
+        names = [p.name for p in pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Pipeline: pool names must be unique, got {names}")
+        if gpu_budget is not None and gpu_budget < 1:
+            raise ValueError(f"Pipeline.gpu_budget must be >= 1 or None, got {gpu_budget}")
+        self.tracks = {p.name: _Track(p, CapacityCache(p.spec)) for p in pools}
+        self.forecaster = forecaster
+        self.gpu_budget = gpu_budget
+        self.epoch_offset_s = epoch_offset_s
+        self.guard_vanished = guard_vanished
+        self.aggregator = LoadAggregator()
+        self.last_tick_s = math.nan
+        self._seen: set[str] = set()  # every instance id scraped so far
+        self._previous: set[str] = set()  # the instance ids of the previous scrape
+        forecaster.reset(names)
+
+    @property
+    def pools(self) -> list[str]:
+        return list(self.tracks)
+
+    def recover(self, counts: Mapping[str, PoolCounts], now_s: float) -> None:
+        """Seed each pool's policy state from the cluster's counts (see ``recovered_state``)."""
+        for name, c in counts.items():
+            if name in self.tracks:
+                self.tracks[name].state = recovered_state(c, now_s)
+
+    def rollback(self, pool: str) -> None:
+        """Forget the last tick's decision for ``pool`` because it was not applied: the policy's memory
+        (last scale-up, last change) must describe the cluster, or a failed write would throttle the retry."""
+        track = self.tracks[pool]
+        track.state = track.previous_state
+
+    def tick(self, samples: InstanceSamples, counts: Mapping[str, PoolCounts], now_s: float) -> TickResult:
+        """One decision per pool from this scrape and these counts (see the module docstring)."""
+        missing = [p for p in self.tracks if p not in counts]
+        if missing:
+            raise ValueError(f"Pipeline.tick: no replica counts for pools {missing}")
+        dt = now_s - self.last_tick_s if math.isfinite(self.last_tick_s) else 1.0
+        self.last_tick_s = now_s
+        samples, back = self._mask_returning(samples)
+        vanished = self._vanished(samples)
+        loads = self.aggregator.update(samples, self.pools)
+        for name, load in loads.items():
+            self.tracks[name].lengths.update(load, dt)
+        forecasts, error = self._forecast(loads, now_s)
+        decisions = {}
+        for name, track in self.tracks.items():
+            obs = self._observation(track, loads[name], counts[name], now_s, forecasts[name])
+            notes: list[str] = []
+            if vanished.get(name):
+                obs = replace(obs, complete=False)
+                notes.append(f"instances vanished from the scrape: {sorted(vanished[name])}; no scale-down")
+            if back.get(name):
+                notes.append(
+                    f"instances back in the scrape: {sorted(back[name])}; their counters are unknown"
+                )
+            if error is not None:
+                notes.append(f"forecast skipped ({error}); measured load only")
+            ctx = self._context(track, obs)
+            track.previous_state = track.state
+            plan, track.state = decide(ctx, track.state)
+            if plan is None:
+                notes.append("no opinion: load unknown (missing or NaN series); holding the current scale")
+            else:
+                plan = replace(plan, reasons=(*notes, *plan.reasons))
+            reasons = plan.reasons if plan is not None else tuple(notes)
+            gone = tuple(sorted(vanished.get(name, ())))
+            decisions[name] = PoolDecision(name, plan, obs, loads[name], forecasts[name], reasons, gone)
+        if self.gpu_budget is not None:
+            decisions = self._budget(decisions, counts)
+        return TickResult(now_s, decisions, self.forecaster.name, error)
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _vanished(self, samples: InstanceSamples) -> dict[str, set[str]]:
+        now: dict[str, set[str]] = {p: set() for p in self.tracks}
+        for iid, pool in zip(samples.instance_ids, samples.pools, strict=True):
+            if pool in now:
+                now[pool].add(iid)
+        out = {}
+        for name, track in self.tracks.items():
+            gone = set(track.instances) - now[name]
+            track.instances = frozenset(now[name])
+            if gone and self.guard_vanished:
+                out[name] = gone
+        return out
+
+    def _mask_returning(self, samples: InstanceSamples) -> tuple[InstanceSamples, dict[str, set[str]]]:
+        """Counters of instances that come back after missing scrapes are unknown for this tick.
+
+        The aggregator counts an instance it did not see in the previous scrape from zero, which is right
+        for a new instance but turns a returning one's whole counter into one tick's increment (a burst
+        that never happened). Their counters read NaN now (the pool's rates are unknown: no opinion) and
+        the next tick differences from proper values again.
+        """
+        ids = samples.instance_ids
+        back_rows = [i for i, iid in enumerate(ids) if iid in self._seen and iid not in self._previous]
+        self._seen.update(ids)
+        self._previous = set(ids)
+        if not self.guard_vanished or not back_rows:
+            return samples, {}
+        counters = {}
+        for name, values in samples.counters.items():
+            masked = np.array(values, dtype=np.float64, copy=True)
+            masked[back_rows] = np.nan
+            counters[name] = masked
+        back: dict[str, set[str]] = {}
+        for i in back_rows:
+            back.setdefault(samples.pools[i], set()).add(ids[i])
+        return replace(samples, counters=counters), back
+
+    def _forecast(
+        self, loads: Mapping[str, PoolLoad], now_s: float
+    ) -> tuple[dict[str, PoolForecast | None], str | None]:
+        x = np.array([loads[name].channels() for name in self.tracks], dtype=np.float64)
+        mask = np.isfinite(x) & (x >= 0)
+        try:
+            batch = self.forecaster.step(x, mask, now_s=self.epoch_offset_s + now_s)
+        except (ValueError, RuntimeError, FloatingPointError) as exc:
+            log.warning("forecaster %s failed this tick: %s", self.forecaster.name, exc)
+            return {name: None for name in self.tracks}, f"{type(exc).__name__}: {exc}"
+        return {name: pool_forecast(batch, i) for i, name in enumerate(self.tracks)}, None
+
+    @staticmethod
+    def _observation(
+        track: _Track, load: PoolLoad, c: PoolCounts, now_s: float, forecast: PoolForecast | None
+    ) -> PoolObservation:
+        waiting = load.waiting + c.pending if math.isfinite(load.waiting) else math.nan
+        return PoolObservation(
+            pool=track.setup.name,
+            now_s=now_s,
+            replicas={r: int(c.replicas.get(r, 0)) for r in ROLES},
+            active={r: int(c.active.get(r, 0)) for r in ROLES},
+            standby={r: int(c.standby.get(r, 0)) for r in ROLES},
+            provisioning={r: int(c.provisioning.get(r, 0)) for r in ROLES},
+            arrival_rps=load.arrival_rps,
+            prompt_tps=load.prompt_tps,
+            gen_tps=load.gen_tps,
+            running_seqs=load.running,
+            waiting_requests=waiting,
+            oldest_wait_s=math.nan,
+            kv_usage=load.kv_usage,
+            mean_prompt_tokens=track.lengths.prompt_ewma,
+            mean_output_tokens=track.lengths.output_ewma,
+            forecast=forecast,
+            complete=load.complete,
+        )
+
+    @staticmethod
+    def _context(track: _Track, obs: PoolObservation) -> PolicyContext:
+        spec = track.setup.spec
+        return PolicyContext(
+            obs=obs,
+            capacity=track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma),
+            config=track.setup.policy,
+            slo_ttft_ms=spec.slo_ttft_ms,
+            slo_itl_ms=spec.slo_itl_ms,
+        )
+
+    def _budget(
+        self, decisions: dict[str, PoolDecision], counts: Mapping[str, PoolCounts]
+    ) -> dict[str, PoolDecision]:
+        """Fit the plans into what the budget leaves after the pools held at their current scale."""
+        assert self.gpu_budget is not None
+        held_gpus = 0
+        needs: dict[str, tuple[float, float]] = {}
+        gpus: dict[str, int] = {}
+        plans: list[ScalingPlan] = []
+        for name, d in decisions.items():
+            track = self.tracks[name]
+            ctx = self._context(track, d.observation)
+            gpus[name] = ctx.capacity.gpus_per_instance
+            if d.plan is None:
+                c = counts[name]
+                held = sum(int(c.replicas.get(r, 0)) + int(c.standby.get(r, 0)) for r in ROLES)
+                held_gpus += held * gpus[name]
+                continue
+            need = stages.capacity_target(d.observation, ctx.capacity, ctx.slo_ttft_ms / 1000.0)
+            needs[name] = (need.prefill, need.decode) if need is not None else (0.0, 0.0)
+            plans.append(d.plan)
+        left = max(self.gpu_budget - held_gpus, 0)
+        out = dict(decisions)
+        for plan in allocate_budget(plans, needs, gpus, left):
+            out[plan.pool] = replace(decisions[plan.pool], plan=plan, reasons=plan.reasons)
+        return out

@@ -1,0 +1,122 @@
+"""Values the policy reads and returns. All frozen: the policy never mutates its inputs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+ROLES: tuple[str, ...] = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class PoolForecast:
+    """A pool's forecast for (now, now + horizon_s]: totals over the horizon, NaN = unknown."""
+
+    horizon_s: float
+    arrivals_p50: float
+    arrivals_p90: float
+    prompt_tokens_p90: float
+    gen_tokens_p90: float
+    burst_prob: float
+
+    def rate(self, total: float) -> float:
+        """A horizon total as a per-second rate."""
+        return total / self.horizon_s
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    """What the controller knows about one pool at ``now_s``: counts, measured load, forecast.
+
+    Loads are pool-wide sums over active instances. NaN means unknown (missing series, outage); the
+    policy never reads it as zero. ``complete`` is False when some instances could not be observed,
+    in which case the policy may scale up but never down.
+    """
+
+    pool: str
+    now_s: float
+    replicas: dict[
+        str, int
+    ]  # role -> replicas the pool is set to (a Deployment's spec.replicas): serving + starting
+    active: dict[str, int]  # role -> active instances (serving)
+    standby: dict[str, int]  # role -> warm standby instances (loaded, out of rotation)
+    provisioning: dict[str, int]  # role -> instances still starting
+    arrival_rps: float
+    prompt_tps: float
+    gen_tps: float
+    running_seqs: float  # sequences decoding now (decode instances, or mixed)
+    waiting_requests: float  # queued, not yet prefilled
+    oldest_wait_s: float  # age of the oldest waiting request (NaN = unknown)
+    kv_usage: float  # mean KV-cache usage of decode instances, 0..1
+    mean_prompt_tokens: float  # recent mean prompt length (NaN = unknown)
+    mean_output_tokens: float  # recent mean output length (NaN = unknown)
+    forecast: PoolForecast | None = None
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    """Per-instance capacity of one pool's hardware profile at its SLOs (from serving.sim.capacity).
+
+    ``prefill_tps``: prompt tokens/s one prefill instance sustains while meeting the TTFT SLO.
+    ``decode_seqs``: concurrent sequences one decode instance holds while meeting the ITL SLO and KV limits.
+    ``decode_tps``: generation tokens/s of one decode instance at that batch.
+    """
+
+    prefill_tps: float
+    decode_seqs: float
+    decode_tps: float
+    gpus_per_instance: int
+    correction: float = 1.0  # observed / modelled latency; > 1 means the hardware is slower than modelled
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_tps", "decode_seqs", "decode_tps", "correction"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"PoolCapacity.{name} must be a positive finite number, got {value!r}")
+        if self.gpus_per_instance < 1:
+            raise ValueError(f"PoolCapacity.gpus_per_instance must be >= 1, got {self.gpus_per_instance}")
+
+
+@dataclass(frozen=True)
+class ScalingPlan:
+    """Desired capacity of one pool. ``reasons`` says, stage by stage, why."""
+
+    pool: str
+    prefill: int
+    decode: int
+    standby_prefill: int
+    standby_decode: int
+    buffer_seqs: int = 0  # sequence capacity reserved on active decode instances
+    degrade: bool = False  # demand beyond max replicas: degradation active
+    reasons: tuple[str, ...] = ()
+
+    def count(self, role: str) -> int:
+        return self.prefill if role == "prefill" else self.decode
+
+    def standby(self, role: str) -> int:
+        return self.standby_prefill if role == "prefill" else self.standby_decode
+
+    def gpus(self, gpus_per_instance: int) -> int:
+        total = self.prefill + self.decode + self.standby_prefill + self.standby_decode
+        return total * gpus_per_instance
+
+
+@dataclass(frozen=True)
+class RoleHistory:
+    """Per-role memory the hysteresis stage needs, in seconds of virtual or wall time."""
+
+    last_scale_up_s: float = -math.inf
+    last_change_s: float = -math.inf
+    recent_targets: tuple[tuple[float, int], ...] = ()  # (time_s, wanted) over the scale-down window
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """Everything the policy remembers about one pool between ticks (passed in and returned)."""
+
+    roles: dict[str, RoleHistory] = field(default_factory=lambda: {r: RoleHistory() for r in ROLES})
+    rate_history: tuple[tuple[float, float], ...] = ()  # (time_s, arrival_rps) over the last minute
+    alert_until_s: float = -math.inf  # a burst alert holds promoted standby capacity until then
+    degrade_since_s: float = math.nan  # when degradation started (NaN = not degraded)
+    calm_since_s: float = math.nan  # when demand fell back under max while degraded

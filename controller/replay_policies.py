@@ -1,0 +1,382 @@
+"""The controller's policies in the simulator's replay loop: ``reactive``, ``dynamo-like``, ``predictive``
+and ``oracle``, registered with ``serving.sim.replay.register_policy`` on import.
+
+Each reads the simulator exactly as the daemon reads Prometheus (per-instance vLLM metrics turned into
+per-pool load by ``controller.sources.aggregate``), decides with the pure functions of
+``controller.policy`` and answers with scale commands. Only the oracle looks at the trace's future.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from controller.capacity import CapacityCache
+from controller.config import PolicyConfig
+from controller.pipeline import LengthTracker, Pipeline, PoolCounts, PoolSetup
+from controller.policy import PoolForecast, PoolObservation, ScalingPlan
+from controller.policy.dynamo import DynamoConfig, DynamoState, decide_dynamo
+from controller.policy.reactive import ReactiveConfig, ReactiveState, decide_reactive
+from controller.sources.aggregate import LoadAggregator, PoolLoad
+from forecaster.types import Forecaster
+from serving.sim.fleet import FleetSpec, PoolSpec
+from serving.sim.hardware import get_profile
+from serving.sim.replay import PolicyOptions, ReplayPolicy, ReplayView, ScaleCommand, register_policy
+from serving.workload.trace import Trace
+
+ROLES = ("prefill", "decode")
+
+
+def _require_disaggregated(fleet: FleetSpec, policy: str) -> None:
+    for pool in fleet.pools:
+        if not pool.disaggregated:
+            raise ValueError(
+                f"policy {policy!r}: pool {pool.name!r} is colocated (mixed instances); the controller "
+                "sizes prefill and decode pools — colocated pools are not supported yet (issue 8)"
+            )
+
+
+@dataclass
+class _PoolTrack:
+    """Per-pool running state the glue keeps beside the pure policy state."""
+
+    spec: PoolSpec
+    capacity: CapacityCache
+    prompt_ewma: float = math.nan
+    output_ewma: float = math.nan
+    arrivals_ewma: float = math.nan
+    epoch_offset_s: float = math.nan
+    replicas: dict[str, int] = field(default_factory=dict)  # what the pool was last set to (spec.replicas)
+
+    def commands(self, plan: ScalingPlan) -> list[ScaleCommand]:
+        """The plan as scale commands; remembers the (clamped) replicas it sets, as a Deployment would."""
+        out = []
+        for role in ROLES:
+            bounds = self.spec.role(role)
+            self.replicas[role] = min(max(plan.count(role), bounds.min), bounds.max)
+            out.append(ScaleCommand(plan.pool, role, plan.count(role), plan.standby(role)))
+        return out
+
+    def update_lengths(self, load: PoolLoad, dt_s: float) -> None:
+        """Smooth prompt and output lengths (``controller.pipeline.LengthTracker``, shared with the pipeline)."""
+        tracker = LengthTracker(self.prompt_ewma, self.output_ewma, self.arrivals_ewma)
+        tracker.update(load, dt_s)
+        self.prompt_ewma, self.output_ewma = tracker.prompt_ewma, tracker.output_ewma
+        self.arrivals_ewma = tracker.arrivals_ewma
+
+
+def observation(
+    track: _PoolTrack, load: PoolLoad, view: ReplayView, forecast: PoolForecast | None
+) -> PoolObservation:
+    """The pure policy's input for one pool from the aggregated scrape and the replay view."""
+    counts = view.counts.get(track.spec.name, {})
+    pending = sum(view.pending.get(track.spec.name, {}).values())
+    heading_active = {
+        r: sum(counts.get(r, {}).get(s, 0) for s in ("active", "activating", "provisioning")) for r in ROLES
+    }
+    waiting = load.waiting + pending if math.isfinite(load.waiting) else math.nan
+    return PoolObservation(
+        pool=track.spec.name,
+        now_s=view.now_s,
+        replicas={r: track.replicas.get(r, heading_active[r]) for r in ROLES},
+        active={r: counts.get(r, {}).get("active", 0) for r in ROLES},
+        standby={r: counts.get(r, {}).get("standby", 0) for r in ROLES},
+        provisioning={r: counts.get(r, {}).get("provisioning", 0) for r in ROLES},
+        arrival_rps=load.arrival_rps,
+        prompt_tps=load.prompt_tps,
+        gen_tps=load.gen_tps,
+        running_seqs=load.running,
+        waiting_requests=waiting,
+        oldest_wait_s=math.nan,
+        kv_usage=load.kv_usage,
+        mean_prompt_tokens=track.prompt_ewma,
+        mean_output_tokens=track.output_ewma,
+        forecast=forecast,
+        complete=load.complete,
+    )
+
+
+def _epoch_offset(trace: Trace | None) -> float:
+    """Wall-clock seconds of the trace's start; 0 (midnight UTC) when the format carries no time of day, so
+    the forecaster's time-of-day features see a consistent (if arbitrary) clock."""
+    start: datetime | None = trace.start_time if trace is not None else None
+    return start.timestamp() if start is not None else 0.0
+
+
+class _ControllerPolicy:
+    """Shared plumbing: tracks, aggregation, the tick interval."""
+
+    name = "controller"
+
+    def __init__(self) -> None:
+        self.tracks: dict[str, _PoolTrack] = {}
+        self.aggregator = LoadAggregator()
+        self.last_tick_s = math.nan
+        self.decisions: list[tuple[float, ScalingPlan]] = []
+        self.last_obs: dict[str, PoolObservation] = {}
+
+    def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
+        _require_disaggregated(fleet, self.name)
+        self.tracks = {
+            p.name: _PoolTrack(p, CapacityCache(p), epoch_offset_s=_epoch_offset(traces.get(p.name)))
+            for p in fleet.pools
+        }
+        self.aggregator = LoadAggregator()
+        self.last_tick_s = math.nan
+        self.decisions = []
+        self.last_obs = {}
+
+    def _loads(self, view: ReplayView) -> tuple[dict[str, PoolLoad], float]:
+        dt = view.now_s - self.last_tick_s if math.isfinite(self.last_tick_s) else 1.0
+        self.last_tick_s = view.now_s
+        loads = self.aggregator.update(view.samples, list(self.tracks))
+        for name, load in loads.items():
+            self.tracks[name].update_lengths(load, dt)
+        return loads, dt
+
+
+class ReactivePolicy(_ControllerPolicy):
+    """HPA-like scaling on measured load (controller.policy.reactive)."""
+
+    name = "reactive"
+
+    def __init__(self, config: ReactiveConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or ReactiveConfig()
+        self.states: dict[str, ReactiveState] = {}
+
+    def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
+        super().reset(fleet, traces)
+        self.states = {p.name: ReactiveState() for p in fleet.pools}
+
+    def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
+        loads, _ = self._loads(view)
+        out: list[ScaleCommand] = []
+        for name, track in self.tracks.items():
+            obs = observation(track, loads[name], view, None)
+            cap = track.capacity.get(track.prompt_ewma, track.output_ewma)
+            plan, self.states[name] = decide_reactive(
+                obs, cap, self.config, track.spec.slo_ttft_ms, self.states[name]
+            )
+            if plan is not None:
+                self.decisions.append((now_s, plan))
+                out.extend(track.commands(plan))
+        return out
+
+
+class DynamoLikePolicy(_ControllerPolicy):
+    """Dynamo planner's SLA mode (controller.policy.dynamo)."""
+
+    name = "dynamo-like"
+
+    def __init__(self, config: DynamoConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or DynamoConfig()
+        self.states: dict[str, DynamoState] = {}
+
+    def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
+        super().reset(fleet, traces)
+        self.states = {p.name: DynamoState() for p in fleet.pools}
+
+    def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
+        loads, dt = self._loads(view)
+        out: list[ScaleCommand] = []
+        for name, track in self.tracks.items():
+            obs = observation(track, loads[name], view, None)
+            cap = track.capacity.get(track.prompt_ewma, track.output_ewma)
+            plan, self.states[name] = decide_dynamo(obs, cap, self.config, dt, self.states[name])
+            if plan is not None:
+                self.decisions.append((now_s, plan))
+                out.extend(track.commands(plan))
+        return out
+
+
+ForecasterFactory = Callable[[], Forecaster]
+
+
+def default_forecaster() -> Forecaster:
+    """The shipped checkpoint when it exists and loads; otherwise the Holt baseline (said in the name)."""
+    from controller.forecasting import load_default_forecaster
+
+    return load_default_forecaster()
+
+
+class PredictivePolicy:
+    """pdscale's policy: forecast each pool's next ``horizon_s``, then the staged decision of
+    ``controller.policy.decide`` (capacity from the p90 forecast, headroom, buffer, standby, P:D, hysteresis).
+
+    A thin adapter over ``controller.pipeline.Pipeline``, the same per-tick core the live daemon runs: this
+    class only turns the replay view into ``PoolCounts`` and plans into scale commands. The simulator
+    enforces the fleet's GPU budget itself, so the pipeline gets none here.
+    """
+
+    name = "predictive"
+
+    def __init__(
+        self, config: PolicyConfig | None = None, forecaster: ForecasterFactory = default_forecaster
+    ) -> None:
+        self.config = config or PolicyConfig()
+        self.make_forecaster = forecaster
+        self.forecaster: Forecaster | None = None
+        self.pipeline: Pipeline | None = None
+        self.specs: dict[str, PoolSpec] = {}
+        self.replicas: dict[str, dict[str, int]] = {}  # what each pool was last set to (spec.replicas)
+        self.decisions: list[tuple[float, ScalingPlan]] = []
+        self.last_obs: dict[str, PoolObservation] = {}
+
+    def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
+        _require_disaggregated(fleet, self.name)
+        self.specs = {p.name: p for p in fleet.pools}
+        self.replicas = {p.name: {} for p in fleet.pools}
+        self.decisions = []
+        self.last_obs = {}
+        self.forecaster = self.make_forecaster()
+        self.pipeline = Pipeline(
+            [PoolSetup(p, self.config) for p in fleet.pools],
+            self.forecaster,
+            gpu_budget=None,
+            epoch_offset_s=_epoch_offset(traces.get(fleet.pools[0].name)),
+            guard_vanished=False,  # the simulator's instances leave only by scale-down: nothing is hidden
+        )
+
+    def _counts(self, name: str, view: ReplayView) -> PoolCounts:
+        counts = view.counts.get(name, {})
+        heading_active = {
+            r: sum(counts.get(r, {}).get(s, 0) for s in ("active", "activating", "provisioning"))
+            for r in ROLES
+        }
+        return PoolCounts(
+            replicas={r: self.replicas[name].get(r, heading_active[r]) for r in ROLES},
+            active={r: counts.get(r, {}).get("active", 0) for r in ROLES},
+            standby={r: counts.get(r, {}).get("standby", 0) for r in ROLES},
+            provisioning={r: counts.get(r, {}).get("provisioning", 0) for r in ROLES},
+            pending=float(sum(view.pending.get(name, {}).values())),
+        )
+
+    def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
+        assert self.pipeline is not None, "reset() first"
+        counts = {name: self._counts(name, view) for name in self.specs}
+        result = self.pipeline.tick(view.samples, counts, now_s)
+        out: list[ScaleCommand] = []
+        for name, decision in result.decisions.items():
+            self.last_obs[name] = decision.observation
+            plan = decision.plan
+            if plan is None:
+                continue
+            self.decisions.append((now_s, plan))
+            for role in ROLES:
+                bounds = self.specs[name].role(role)
+                self.replicas[name][role] = min(max(plan.count(role), bounds.min), bounds.max)
+                out.append(ScaleCommand(name, role, plan.count(role), plan.standby(role)))
+        return out
+
+
+@dataclass
+class OraclePolicy:
+    """Knows every future arrival; pays the same start-up delays. The cost floor of the comparison.
+
+    Per second τ of the trace it computes the instances the capacity model says that second's load needs
+    (prompt tokens for prefill; generation tokens/s and concurrency for decode, each request decoding for
+    output / per-sequence rate seconds after its arrival), with no headroom. At time t it holds the most
+    any second in [t, t + cold start] needs — what is started now is ready just in time — and scales down as
+    soon as the need falls. Ignores metrics entirely.
+    """
+
+    name: str = "oracle"
+    window_s: float = 5.0
+    needs: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    lead_s: dict[str, float] = field(default_factory=dict)
+
+    def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
+        _require_disaggregated(fleet, self.name)
+        self.needs = {}
+        for pool in fleet.pools:
+            trace = traces.get(pool.name)
+            if trace is None or len(trace) == 0:
+                continue
+            self.needs[pool.name] = oracle_needs(pool, trace, self.window_s)
+            self.lead_s[pool.name] = get_profile(pool.profile).cold_start_s
+
+    def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
+        out: list[ScaleCommand] = []
+        for name, (prefill, decode) in self.needs.items():
+            lo = int(now_s)
+            hi = min(int(now_s + self.lead_s[name]) + 1, len(prefill))
+            if lo >= hi:
+                out += [ScaleCommand(name, "prefill", 1), ScaleCommand(name, "decode", 1)]
+                continue
+            out.append(ScaleCommand(name, "prefill", max(1, int(prefill[lo:hi].max()))))
+            out.append(ScaleCommand(name, "decode", max(1, int(decode[lo:hi].max()))))
+        return out
+
+
+def oracle_needs(pool: PoolSpec, trace: Trace, window_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-second instances needed (prefill, decode), from the trace's true future load."""
+    from controller.capacity import pool_capacity
+
+    prompt = np.maximum(trace.prompt_tokens, 1).astype(np.float64)
+    output = np.maximum(trace.output_tokens, 1).astype(np.float64)
+    cap = pool_capacity(pool, float(prompt.mean()), float(output.mean()))
+    per_seq_tps = cap.decode_tps / cap.decode_seqs
+    n_sec = int(trace.arrival_s[-1] + output.max() / per_seq_tps) + 2
+    sec = np.floor(trace.arrival_s).astype(np.int64)
+    prompt_per_s = np.bincount(sec, weights=prompt, minlength=n_sec)[:n_sec]
+    # Each request decodes from its arrival for output / per-sequence-rate seconds: +1 sequence over that span.
+    end = np.minimum(sec + np.ceil(output / per_seq_tps).astype(np.int64) + 1, n_sec - 1)
+    diff = np.zeros(n_sec + 1)
+    np.add.at(diff, sec, 1.0)
+    np.add.at(diff, end, -1.0)
+    concurrency = np.cumsum(diff)[:n_sec]
+    w = max(int(window_s), 1)
+    kernel = np.ones(w) / w
+    prompt_tps = np.convolve(prompt_per_s, kernel, mode="full")[:n_sec]  # trailing mean over the window
+    prefill = np.ceil(prompt_tps / cap.prefill_tps - 1e-9)
+    decode = np.ceil(
+        np.maximum(concurrency / cap.decode_seqs, concurrency * per_seq_tps / cap.decode_tps) - 1e-9
+    )
+    return prefill, decode
+
+
+def _policy_config(options: PolicyOptions, model: type[Any]) -> Any:
+    try:
+        return model(**dict(options.params))
+    except Exception as exc:  # pydantic's ValidationError names the field
+        raise ValueError(f"invalid parameters for the policy: {exc}") from exc
+
+
+def _no_counts(options: PolicyOptions, name: str) -> None:
+    if options.prefill is not None or options.decode is not None or options.mixed is not None:
+        raise ValueError(
+            f"policy {name!r} decides its own counts: --prefill/--decode/--mixed only go with 'fixed'"
+        )
+
+
+def _reactive(options: PolicyOptions) -> ReplayPolicy:
+    _no_counts(options, "reactive")
+    return ReactivePolicy(_policy_config(options, ReactiveConfig))
+
+
+def _dynamo(options: PolicyOptions) -> ReplayPolicy:
+    _no_counts(options, "dynamo-like")
+    return DynamoLikePolicy(_policy_config(options, DynamoConfig))
+
+
+def _predictive(options: PolicyOptions) -> ReplayPolicy:
+    _no_counts(options, "predictive")
+    return PredictivePolicy(_policy_config(options, PolicyConfig))
+
+
+def _oracle(options: PolicyOptions) -> ReplayPolicy:
+    _no_counts(options, "oracle")
+    return OraclePolicy()
+
+
+register_policy("reactive", _reactive)
+register_policy("dynamo-like", _dynamo)
+register_policy("predictive", _predictive)
+register_policy("oracle", _oracle)

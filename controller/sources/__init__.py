@@ -1,0 +1,1 @@
+"""Metric sources: Prometheus and the simulator, both turned into per-pool observations."""

@@ -1,0 +1,1 @@
+"""pdscale forecaster package."""

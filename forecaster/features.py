@@ -1,0 +1,552 @@
+"""Model inputs and targets, shared by training and the controller (numpy only: no torch here).
+
+Pipeline, per node:
+
+1. raw channels ``x_raw[..., T, C]`` in ``CHANNELS`` order (rates per second, latencies in seconds) plus a
+   boolean ``mask`` (True = observed). Built from a ``MetricFrame`` by :func:`frame_to_inputs` or from a
+   request trace by :func:`series_from_trace` + :func:`trace_inputs`.
+2. :class:`Normalizer` (fitted on TRAINING data only) maps each channel through ``log1p`` (counts, rates,
+   latencies) or identity (KV usage, a 0..1 fraction) and standardises it.
+3. :func:`encode_inputs` (a sequence) or :func:`encode_step` (one tick, all nodes) concatenates
+   ``[normalised values, masks, time features]`` into float32 ``[..., F_in]``. An unobserved value is
+   written as 0 (the training mean) AND flagged 0 in its mask channel, so an outage is distinguishable from
+   idle (idle = observed 0 requests/s, which normalises to a non-zero value with mask 1).
+
+Targets (:func:`future_sums`, :func:`trace_targets`) are totals over ``(t, t + horizon_s]``; the network
+predicts them in normalised space ``(log1p(total) - target_mean) / target_std`` (see ``Normalizer``).
+Quantiles commute with monotone maps, so a p90 learned in that space decodes to the p90 of the total.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from forecaster.types import CHANNELS, TARGETS, MetricFrame
+
+FEATURE_SCHEMA_VERSION = 1
+
+# Time features computed from ``now_s`` (seconds since the Unix epoch, UTC): time of day on the unit circle.
+TIME_FEATURES: tuple[str, ...] = ("tod_sin", "tod_cos")
+_DAY_S = 86_400.0
+
+# Channels that are fractions in [0, 1] and are standardised without log1p.
+_LINEAR_CHANNELS = frozenset({"kv_usage"})
+
+# Metric names (the vLLM / pdscale names; kept here because forecaster imports nothing of ours).
+ROUTER_REQUESTS_TOTAL = "pdscale:router_requests_total"
+PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"
+GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
+NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
+
+# channel -> (metric name, kind). A frame may also carry a channel under its own name (e.g. "ttft_p90_s"
+# precomputed by a source); that takes precedence and is used as a gauge.
+METRIC_SOURCES: dict[str, tuple[str, str]] = {
+    "arrival_rps": (ROUTER_REQUESTS_TOTAL, "counter"),
+    "prompt_tps": (PROMPT_TOKENS_TOTAL, "counter"),
+    "gen_tps": (GENERATION_TOKENS_TOTAL, "counter"),
+    "running": (NUM_REQUESTS_RUNNING, "gauge"),
+    "waiting": (NUM_REQUESTS_WAITING, "gauge"),
+    "kv_usage": (KV_CACHE_USAGE_PERC, "gauge"),
+}
+
+
+# A normalised input further than this from 0 is not a measurement (see Normalizer.normalize_inputs).
+MAX_ABS_Z = 1e6
+
+
+class FeatureError(ValueError):
+    """Inputs that cannot be turned into features; the message names the argument or field."""
+
+
+@dataclass(frozen=True)
+class FeatureSchema:
+    """What the network's input vector holds, in order: values, then masks, then time features.
+
+    ``masked[i]`` says whether channel ``channels[i]`` gets a mask channel (default: all do).
+    ``step_s`` is the spacing of the input series (one LSTM step per ``step_s``).
+    """
+
+    channels: tuple[str, ...] = CHANNELS
+    masked: tuple[bool, ...] = (True,) * len(CHANNELS)
+    time_features: tuple[str, ...] = TIME_FEATURES
+    targets: tuple[str, ...] = TARGETS
+    step_s: float = 1.0
+    version: int = FEATURE_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if len(self.masked) != len(self.channels):
+            raise FeatureError(
+                f"FeatureSchema.masked has {len(self.masked)} flags for {len(self.channels)} channels"
+            )
+        unknown = [f for f in self.time_features if f not in TIME_FEATURES]
+        if unknown:
+            raise FeatureError(f"FeatureSchema.time_features: unknown {unknown}, known {list(TIME_FEATURES)}")
+        if not (self.step_s > 0 and math.isfinite(self.step_s)):
+            raise FeatureError(
+                f"FeatureSchema.step_s must be a positive number of seconds, got {self.step_s}"
+            )
+
+    @property
+    def n_inputs(self) -> int:
+        """Width ``F_in`` of the encoded input vector."""
+        return len(self.channels) + sum(self.masked) + len(self.time_features)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Name of every column of the encoded input, in order."""
+        masks = tuple(f"{c}_mask" for c, m in zip(self.channels, self.masked, strict=True) if m)
+        return self.channels + masks + self.time_features
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "channels": list(self.channels),
+            "masked": list(self.masked),
+            "time_features": list(self.time_features),
+            "targets": list(self.targets),
+            "step_s": self.step_s,
+            "version": self.version,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FeatureSchema:
+        missing = [
+            k for k in ("channels", "masked", "time_features", "targets", "step_s", "version") if k not in d
+        ]
+        if missing:
+            raise FeatureError(f"feature schema dict lacks field(s) {missing}")
+        return cls(
+            channels=tuple(str(c) for c in d["channels"]),
+            masked=tuple(bool(m) for m in d["masked"]),
+            time_features=tuple(str(f) for f in d["time_features"]),
+            targets=tuple(str(t) for t in d["targets"]),
+            step_s=float(d["step_s"]),
+            version=int(d["version"]),
+        )
+
+    def diff(self, other: FeatureSchema) -> list[str]:
+        """Human-readable differences ``self`` → ``other``; empty when the schemas are interchangeable."""
+        out: list[str] = []
+        if self.version != other.version:
+            out.append(f"version: {self.version} != {other.version}")
+        for name in ("channels", "time_features", "targets"):
+            a, b = getattr(self, name), getattr(other, name)
+            if a != b:
+                gone = [x for x in a if x not in b]
+                new = [x for x in b if x not in a]
+                detail = f"missing {gone}, extra {new}" if gone or new else "same names, different order"
+                out.append(f"{name}: {detail} ({list(a)} != {list(b)})")
+        if self.channels == other.channels and self.masked != other.masked:
+            flips = [c for c, x, y in zip(self.channels, self.masked, other.masked, strict=True) if x != y]
+            out.append(f"masked: mask flag differs for {flips}")
+        if self.step_s != other.step_s:
+            out.append(f"step_s: {self.step_s} != {other.step_s}")
+        return out
+
+
+DEFAULT_SCHEMA = FeatureSchema()
+
+
+def _as_floats(d: Mapping[str, Any], key: str, n: int) -> tuple[float, ...]:
+    if key not in d:
+        raise FeatureError(f"normalizer dict lacks field {key!r}")
+    vals = tuple(float(v) for v in d[key])
+    if len(vals) != n:
+        raise FeatureError(f"normalizer field {key!r} has {len(vals)} entries, expected {n}")
+    return vals
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """Per-channel ``log1p`` (or identity) then standardisation, for inputs and targets.
+
+    Inputs: ``z = (f(x) - mean) / std`` with ``f = log1p`` unless ``log1p[i]`` is False.
+    Targets: ``y = (log1p(total) - target_mean) / target_std``, total over the horizon.
+    Fit it with :meth:`fit` on training data only.
+    """
+
+    channels: tuple[str, ...]
+    log1p: tuple[bool, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    targets: tuple[str, ...]
+    target_mean: tuple[float, ...]
+    target_std: tuple[float, ...]
+    # Cached numpy views (not part of equality or the serialised form).
+    _arrays: dict[str, np.ndarray] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        n, k = len(self.channels), len(self.targets)
+        for name, size in (("log1p", n), ("mean", n), ("std", n), ("target_mean", k), ("target_std", k)):
+            if len(getattr(self, name)) != size:
+                raise FeatureError(
+                    f"Normalizer.{name} has {len(getattr(self, name))} entries, expected {size}"
+                )
+        for name, names, positive in (
+            ("std", self.channels, True),
+            ("target_std", self.targets, True),
+            ("mean", self.channels, False),
+            ("target_mean", self.targets, False),
+        ):
+            bad = {
+                f: v
+                for f, v in zip(names, getattr(self, name), strict=True)
+                if not math.isfinite(v) or (positive and v <= 0)
+            }
+            if bad:
+                rule = "positive and finite" if positive else "finite"
+                raise FeatureError(f"Normalizer.{name} must be {rule}; bad entries {bad}")
+        arrays = {
+            "mean": np.asarray(self.mean, dtype=np.float64),
+            "std": np.asarray(self.std, dtype=np.float64),
+            "log1p": np.asarray(self.log1p, dtype=bool),
+            "target_mean": np.asarray(self.target_mean, dtype=np.float64),
+            "target_std": np.asarray(self.target_std, dtype=np.float64),
+        }
+        object.__setattr__(self, "_arrays", arrays)  # a private cache, set once, never mutated
+
+    @classmethod
+    def identity(cls, schema: FeatureSchema = DEFAULT_SCHEMA) -> Normalizer:
+        """A normaliser that only applies the log1p transforms (mean 0, std 1): for tests and smoke runs."""
+        n, k = len(schema.channels), len(schema.targets)
+        return cls(
+            channels=schema.channels,
+            log1p=tuple(c not in _LINEAR_CHANNELS for c in schema.channels),
+            mean=(0.0,) * n,
+            std=(1.0,) * n,
+            targets=schema.targets,
+            target_mean=(0.0,) * k,
+            target_std=(1.0,) * k,
+        )
+
+    @classmethod
+    def fit(
+        cls,
+        x_raw: np.ndarray,
+        mask: np.ndarray,
+        targets: np.ndarray,
+        *,
+        schema: FeatureSchema = DEFAULT_SCHEMA,
+        train_end: int | None = None,
+        horizon_steps: int = 0,
+    ) -> Normalizer:
+        """Fit statistics on the observed entries of the training data.
+
+        ``x_raw``/``mask``: ``[..., T, C]``; ``targets``: ``[..., T, K]`` totals (NaN = unknown).
+        With ``train_end``, only time steps ``t < train_end`` are read for inputs and only
+        ``t < train_end - horizon_steps`` for targets (a target at t sums data up to t + horizon_steps),
+        so nothing at or after ``train_end`` (the validation split) influences the statistics.
+        Channels never observed get mean 0, std 1; constant channels get std 1.
+        """
+        x_raw, mask, targets = np.asarray(x_raw), np.asarray(mask, dtype=bool), np.asarray(targets)
+        c, k = len(schema.channels), len(schema.targets)
+        if x_raw.shape != mask.shape or x_raw.shape[-1] != c:
+            raise FeatureError(
+                f"x_raw {x_raw.shape} and mask {mask.shape} must match and end in {c} channels"
+            )
+        if targets.shape[-1] != k or targets.shape[:-1] != x_raw.shape[:-1]:
+            raise FeatureError(f"targets has shape {targets.shape}, expected {(*x_raw.shape[:-1], k)}")
+        if train_end is not None:
+            x_raw, mask = x_raw[..., :train_end, :], mask[..., :train_end, :]
+            targets = targets[..., : max(train_end - horizon_steps, 0), :]
+        log1p = np.array([ch not in _LINEAR_CHANNELS for ch in schema.channels])
+        xt = _transform(x_raw.reshape(-1, c), log1p)
+        ok = mask.reshape(-1, c) & np.isfinite(xt)
+        mean, std = _masked_stats(xt, ok)
+        yt = np.log1p(np.where(targets >= 0, targets, np.nan)).reshape(-1, k)
+        t_mean, t_std = _masked_stats(yt, np.isfinite(yt))
+        return cls(
+            channels=schema.channels,
+            log1p=tuple(bool(v) for v in log1p),
+            mean=tuple(float(v) for v in mean),
+            std=tuple(float(v) for v in std),
+            targets=schema.targets,
+            target_mean=tuple(float(v) for v in t_mean),
+            target_std=tuple(float(v) for v in t_std),
+        )
+
+    def normalize_inputs(self, x_raw: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``[..., C]`` raw → (normalised float64 with 0 where unobserved, effective bool mask).
+
+        The effective mask also drops non-finite values, negatives in log1p channels (a negative rate or
+        count is not a measurement) and values more than ``MAX_ABS_Z`` standard deviations from the training
+        mean (garbage such as 1e300; it would overflow float32): all are treated as unknown, never clipped.
+        """
+        z = _transform(x_raw, self._arrays["log1p"])
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = (z - self._arrays["mean"]) / self._arrays["std"]
+            ok = np.asarray(mask, dtype=bool) & (np.abs(z) <= MAX_ABS_Z)
+        return np.where(ok, z, 0.0), ok
+
+    def normalize_targets(self, totals: np.ndarray) -> np.ndarray:
+        """Totals ``[..., K]`` (NaN = unknown) → normalised targets (NaN stays NaN)."""
+        t = np.asarray(totals, dtype=np.float64)
+        y = np.log1p(np.where(t >= 0, t, np.nan))
+        out: np.ndarray = (y - self._arrays["target_mean"]) / self._arrays["target_std"]
+        return out
+
+    def denormalize_targets(self, y: np.ndarray) -> np.ndarray:
+        """Normalised values ``[..., K]`` → totals (counts / tokens), clipped at 0 (totals are never negative)."""
+        t = np.expm1(
+            np.asarray(y, dtype=np.float64) * self._arrays["target_std"] + self._arrays["target_mean"]
+        )
+        out: np.ndarray = np.maximum(t, 0.0)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "channels": list(self.channels),
+            "log1p": list(self.log1p),
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "targets": list(self.targets),
+            "target_mean": list(self.target_mean),
+            "target_std": list(self.target_std),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Normalizer:
+        for key in ("channels", "targets", "log1p"):
+            if key not in d:
+                raise FeatureError(f"normalizer dict lacks field {key!r}")
+        channels = tuple(str(c) for c in d["channels"])
+        targets = tuple(str(t) for t in d["targets"])
+        log1p = tuple(bool(v) for v in d["log1p"])
+        return cls(
+            channels=channels,
+            log1p=log1p,
+            mean=_as_floats(d, "mean", len(channels)),
+            std=_as_floats(d, "std", len(channels)),
+            targets=targets,
+            target_mean=_as_floats(d, "target_mean", len(targets)),
+            target_std=_as_floats(d, "target_std", len(targets)),
+        )
+
+
+def _transform(x: np.ndarray, log1p: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(log1p, np.log1p(np.where(x >= 0, x, np.nan)), x)
+
+
+def _masked_stats(x: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = ok.sum(axis=0)
+    xs = np.where(ok, x, 0.0)
+    mean = np.divide(xs.sum(axis=0), n, out=np.zeros(x.shape[-1]), where=n > 0)
+    var = np.divide((np.where(ok, x - mean, 0.0) ** 2).sum(axis=0), n, out=np.zeros(x.shape[-1]), where=n > 0)
+    std = np.sqrt(var)
+    return mean, np.where(std > 1e-6, std, 1.0)
+
+
+def time_features(now_s: np.ndarray | float, schema: FeatureSchema = DEFAULT_SCHEMA) -> np.ndarray:
+    """``[..., len(schema.time_features)]`` float64 from times in seconds since the Unix epoch (UTC)."""
+    t = np.asarray(now_s, dtype=np.float64)
+    if schema.time_features and not np.all(np.isfinite(t)):
+        raise FeatureError("now_s must be finite: the schema has time features (time of day)")
+    phase = 2.0 * np.pi * np.mod(t, _DAY_S) / _DAY_S
+    cols = {"tod_sin": np.sin(phase), "tod_cos": np.cos(phase)}
+    return (
+        np.stack([cols[f] for f in schema.time_features], axis=-1)
+        if schema.time_features
+        else t[..., None][..., :0]
+    )
+
+
+def encode_inputs(
+    x_raw: np.ndarray,
+    mask: np.ndarray,
+    normalizer: Normalizer,
+    times_s: np.ndarray | float,
+    schema: FeatureSchema = DEFAULT_SCHEMA,
+) -> np.ndarray:
+    """Raw channels ``[..., C]`` + mask → float32 network input ``[..., F_in]``.
+
+    ``times_s`` broadcasts against the leading dimensions (e.g. ``[T]`` for ``x_raw [N, T, C]``, or a scalar).
+    """
+    if normalizer.channels != schema.channels:
+        raise FeatureError(f"normalizer channels {normalizer.channels} != schema channels {schema.channels}")
+    x_raw = np.asarray(x_raw)
+    if x_raw.shape[-1] != len(schema.channels) or np.shape(mask) != x_raw.shape:
+        raise FeatureError(
+            f"x_raw {x_raw.shape} and mask {np.shape(mask)} must match and end in {len(schema.channels)} channels"
+        )
+    z, ok = normalizer.normalize_inputs(x_raw, mask)
+    tf = np.broadcast_to(time_features(times_s, schema), (*x_raw.shape[:-1], len(schema.time_features)))
+    masks = ok[..., np.asarray(schema.masked, dtype=bool)]
+    out: np.ndarray = np.concatenate([z, masks, tf], axis=-1).astype(np.float32)
+    return out
+
+
+def encode_step(
+    x_raw: np.ndarray,
+    mask: np.ndarray,
+    normalizer: Normalizer,
+    now_s: float,
+    schema: FeatureSchema = DEFAULT_SCHEMA,
+) -> np.ndarray:
+    """One tick for every node: ``x_raw [N, C]``, ``mask [N, C]`` → float32 ``[N, F_in]``.
+
+    Identical to a row of :func:`encode_inputs` (the streaming == full-sequence guarantee depends on it).
+    """
+    return encode_inputs(x_raw, mask, normalizer, now_s, schema)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# From metric frames
+
+
+def counter_rate(counter: np.ndarray, times_s: np.ndarray) -> np.ndarray:
+    """Per-second rate of a cumulative counter ``[..., T]``: NaN at t=0, across gaps (NaN) and resets (drops)."""
+    c = np.asarray(counter, dtype=np.float64)
+    out = np.full(c.shape, np.nan)
+    dt = np.diff(np.asarray(times_s, dtype=np.float64))
+    d = np.diff(c, axis=-1)
+    with np.errstate(invalid="ignore"):
+        out[..., 1:] = np.where(d >= 0, d / dt, np.nan)
+    return out
+
+
+def frame_to_inputs(
+    frame: MetricFrame, schema: FeatureSchema = DEFAULT_SCHEMA
+) -> tuple[np.ndarray, np.ndarray]:
+    """Map a frame's vLLM metrics to raw channels: ``(x [N, T, C] float64, mask [N, T, C] bool)``.
+
+    Counters (``*_total``) become per-second rates by differencing (NaN at the first step, across gaps and
+    counter resets); gauges are taken as they are. A frame may carry a channel under its own name (e.g.
+    ``ttft_p90_s`` computed by a source), which wins. Channels with no source in the frame are all-masked.
+    TTFT/ITL quantiles from histogram buckets are not derived here yet: a source must supply them by name.
+    """
+    times = np.asarray(frame.times_s, dtype=np.float64)
+    if len(times) > 1:
+        steps = np.diff(times)
+        if not np.allclose(steps, schema.step_s, rtol=1e-6, atol=1e-9):
+            raise FeatureError(
+                f"MetricFrame.times_s step is {float(np.median(steps))} s (min {steps.min()}, max {steps.max()}), "
+                f"but the feature schema expects a regular {schema.step_s} s grid"
+            )
+    n, t = len(frame.node_ids), len(times)
+    x = np.full((n, t, len(schema.channels)), np.nan)
+    for i, ch in enumerate(schema.channels):
+        if ch in frame.metrics:
+            x[:, :, i] = frame.series(ch)
+        elif ch in METRIC_SOURCES and METRIC_SOURCES[ch][0] in frame.metrics:
+            metric, kind = METRIC_SOURCES[ch]
+            s = frame.series(metric)
+            x[:, :, i] = counter_rate(s, times) if kind == "counter" else s
+    return x, np.isfinite(x)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# From request traces
+
+
+class TraceSeries(NamedTuple):
+    """Per-step totals from a trace: step ``t`` covers ``[t0_s + t*step_s, t0_s + (t+1)*step_s)``."""
+
+    arrivals: np.ndarray  # float64 [T], requests arriving in the step
+    prompt_tokens: np.ndarray  # float64 [T], prompt tokens of those requests
+    gen_tokens: np.ndarray  # float64 [T], output tokens of those requests (counted at arrival)
+
+
+def series_from_trace(
+    arrival_s: np.ndarray,
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    step_s: float = 1.0,
+    *,
+    t0_s: float = 0.0,
+    duration_s: float | None = None,
+) -> TraceSeries:
+    """Bin a trace into per-step totals with ``np.bincount`` (O(n), no Python loop over requests).
+
+    Output tokens are counted at their request's arrival (the decode work the request brings), not when
+    they are generated. ``duration_s`` fixes the length (default: up to the last arrival); requests outside
+    ``[t0_s, t0_s + duration_s)`` are dropped.
+    """
+    a = np.asarray(arrival_s, dtype=np.float64)
+    if not (len(a) == len(prompt_tokens) == len(output_tokens)):
+        raise FeatureError(
+            f"arrival_s ({len(a)}), prompt_tokens ({len(prompt_tokens)}) and output_tokens "
+            f"({len(output_tokens)}) must have the same length"
+        )
+    if not step_s > 0:
+        raise FeatureError(f"step_s must be positive, got {step_s}")
+    idx = np.floor((a - t0_s) / step_s).astype(np.int64)
+    if duration_s is None:
+        n_steps = int(idx.max()) + 1 if len(idx) else 0
+    else:
+        n_steps = math.ceil(duration_s / step_s - 1e-9)
+    keep = (idx >= 0) & (idx < n_steps)
+    idx = idx[keep]
+
+    def binned(w: np.ndarray | None) -> np.ndarray:
+        return np.bincount(idx, weights=w, minlength=n_steps).astype(np.float64)
+
+    return TraceSeries(
+        arrivals=binned(None),
+        prompt_tokens=binned(np.asarray(prompt_tokens, dtype=np.float64)[keep]),
+        gen_tokens=binned(np.asarray(output_tokens, dtype=np.float64)[keep]),
+    )
+
+
+def trace_inputs(
+    series: TraceSeries, schema: FeatureSchema = DEFAULT_SCHEMA
+) -> tuple[np.ndarray, np.ndarray]:
+    """Single-node raw channels from trace series: ``(x [T, C], mask [T, C])``.
+
+    arrival_rps, prompt_tps and gen_tps are filled (per-step totals / step_s); every channel a trace
+    cannot tell (running, waiting, KV usage, latencies) is NaN and masked.
+    """
+    fill = {
+        "arrival_rps": series.arrivals,
+        "prompt_tps": series.prompt_tokens,
+        "gen_tps": series.gen_tokens,
+    }
+    t = len(series.arrivals)
+    x = np.full((t, len(schema.channels)), np.nan)
+    for i, ch in enumerate(schema.channels):
+        if ch in fill:
+            x[:, i] = fill[ch] / schema.step_s
+    return x, np.isfinite(x)
+
+
+def future_sums(series: np.ndarray, horizon_s: float, step_s: float = 1.0) -> np.ndarray:
+    """``out[t] = sum(series[t+1 : t+1+H])``, the total over ``(t, t + horizon_s]``, ``H = horizon_s/step_s``.
+
+    NaN where the horizon runs past the end or covers a NaN. Vectorised with cumulative sums.
+    """
+    h_f = horizon_s / step_s
+    h = round(h_f)
+    if h < 1 or abs(h - h_f) > 1e-9:
+        raise FeatureError(f"horizon_s ({horizon_s}) must be a positive multiple of step_s ({step_s})")
+    s = np.asarray(series, dtype=np.float64)
+    t = s.shape[-1]
+    out = np.full(s.shape, np.nan)
+    if t <= h:
+        return out
+    bad = ~np.isfinite(s)
+    zero = np.zeros((*s.shape[:-1], 1))
+    cs = np.concatenate([zero, np.cumsum(np.where(bad, 0.0, s), axis=-1)], axis=-1)
+    cb = np.concatenate([zero, np.cumsum(bad, axis=-1)], axis=-1)
+    # window (t, t+h] = indices t+1..t+h  →  cs[t+h+1] - cs[t+1], for t = 0..T-h-1
+    tot = cs[..., h + 1 :] - cs[..., 1 : t - h + 1]
+    nbad = cb[..., h + 1 :] - cb[..., 1 : t - h + 1]
+    out[..., : t - h] = np.where(nbad > 0, np.nan, tot)
+    return out
+
+
+def trace_targets(series: TraceSeries, horizon_s: float = 5.0, step_s: float = 1.0) -> np.ndarray:
+    """Targets ``[T, len(TARGETS)]``: arrivals, prompt tokens and generation tokens over ``(t, t + horizon_s]``."""
+    return np.stack(
+        [
+            future_sums(s, horizon_s, step_s)
+            for s in (series.arrivals, series.prompt_tokens, series.gen_tokens)
+        ],
+        axis=-1,
+    )

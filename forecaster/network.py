@@ -1,0 +1,224 @@
+"""The LSTM + sliding-window attention network, its losses and the decoding of its outputs.
+
+Imports torch: never import this module from ``forecaster/__init__.py`` or anything the controller loads
+before a learned forecaster is asked for.
+
+Targets live in normalised space (see ``forecaster.features.Normalizer``):
+``y = (log1p(total over (t, t + horizon_s]) - target_mean) / target_std``. :func:`decode_quantiles` maps
+network outputs back to counts / tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from forecaster.features import Normalizer
+
+
+class Output(NamedTuple):
+    """Network outputs at every position.
+
+    ``quantiles``: ``[B, T, n_targets, n_quantiles]`` normalised targets, non-decreasing along the last axis;
+    ``burst_logit``: ``[B, T]`` logit of the probability that a burst starts within the horizon.
+    """
+
+    quantiles: Tensor
+    burst_logit: Tensor
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    """Hyper-parameters of :class:`LstmAttentionNet` (stored in checkpoints)."""
+
+    n_inputs: int
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    window: int = 60
+    n_targets: int = 3
+    quantiles: tuple[float, ...] = (0.5, 0.9)
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("n_inputs", "hidden", "layers", "heads", "window", "n_targets"):
+            if int(getattr(self, name)) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden % max(self.heads, 1):
+            problems.append(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        q = list(self.quantiles)
+        if not q or any(not 0 < v < 1 for v in q) or q != sorted(set(q)):
+            problems.append(f"quantiles must be strictly increasing values in (0, 1), got {q}")
+        if problems:
+            raise ValueError("NetConfig: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_inputs": self.n_inputs,
+            "hidden": self.hidden,
+            "layers": self.layers,
+            "heads": self.heads,
+            "window": self.window,
+            "n_targets": self.n_targets,
+            "quantiles": list(self.quantiles),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> NetConfig:
+        known = {"n_inputs", "hidden", "layers", "heads", "window", "n_targets", "quantiles"}
+        unknown = sorted(set(d) - known)
+        if unknown or "n_inputs" not in d:
+            raise ValueError(
+                f"NetConfig dict: unknown field(s) {unknown}, or missing 'n_inputs' (got {sorted(d)})"
+            )
+        kw: dict[str, Any] = {k: int(v) for k, v in d.items() if k != "quantiles"}
+        if "quantiles" in d:
+            kw["quantiles"] = tuple(float(v) for v in d["quantiles"])
+        return cls(**kw)
+
+
+class LstmAttentionNet(nn.Module):
+    """A stacked LSTM, multi-head attention over its last ``window`` outputs, quantile and burst heads.
+
+    At position t the query is the LSTM output ``o_t``; keys/values are ``o_s`` for
+    ``s = max(0, t - window + 1) .. t`` (causal, sliding). The context ``[o_t, attn_t]`` feeds an MLP trunk,
+    then the quantile head (first quantile plus ``softplus`` increments, so quantiles never cross) and the
+    burst head.
+    """
+
+    def __init__(
+        self,
+        n_inputs: int,
+        hidden: int = 64,
+        layers: int = 2,
+        heads: int = 4,
+        window: int = 60,
+        n_targets: int = 3,
+        quantiles: Sequence[float] = (0.5, 0.9),
+    ) -> None:
+        super().__init__()
+        self.config = NetConfig(n_inputs, hidden, layers, heads, window, n_targets, tuple(quantiles))
+        self.hidden, self.heads, self.window = hidden, heads, window
+        self.head_dim = hidden // heads
+        self.n_targets, self.n_quantiles = n_targets, len(self.config.quantiles)
+        self.lstm = nn.LSTM(n_inputs, hidden, num_layers=layers, batch_first=True)
+        self.q_proj = nn.Linear(hidden, hidden)
+        self.k_proj = nn.Linear(hidden, hidden)
+        self.v_proj = nn.Linear(hidden, hidden)
+        self.o_proj = nn.Linear(hidden, hidden)
+        self.trunk = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.GELU())
+        self.quantile_head = nn.Linear(hidden, n_targets * self.n_quantiles)
+        self.burst_head = nn.Linear(hidden, 1)
+
+    @classmethod
+    def from_config(cls, config: NetConfig) -> LstmAttentionNet:
+        return cls(
+            config.n_inputs,
+            config.hidden,
+            config.layers,
+            config.heads,
+            config.window,
+            config.n_targets,
+            config.quantiles,
+        )
+
+    def forward(self, x: Tensor) -> Output:
+        """``x``: float32 ``[B, T, n_inputs]`` encoded inputs → :class:`Output` at every position.
+
+        ``quantiles`` ``[B, T, n_targets, n_quantiles]``, ``burst_logit`` ``[B, T]``. Position t sees
+        inputs 0..t only (causal), and attends over LSTM outputs ``max(0, t-window+1)..t``.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.config.n_inputs:
+            raise ValueError(f"expected x of shape [B, T, {self.config.n_inputs}], got {list(x.shape)}")
+        o, _ = self.lstm(x)
+        return self.heads_from(o, self.attend_window(o))
+
+    def attend_window(self, o: Tensor) -> Tensor:
+        """Sliding causal attention for every position: ``o [B, T, H] → [B, T, H]`` (before ``o_proj``).
+
+        Blocked: queries in block i (positions ``i*w .. i*w+w-1``) see keys of blocks i-1 and i, masked to
+        the band ``t-w < s <= t``. Memory is O(B·T·w), never O(T²).
+        """
+        b, t, d = o.shape
+        w, nh, dh = self.window, self.heads, self.head_dim
+        nb = -(-t // w)
+        tp = nb * w
+        q, k, v = self.q_proj(o), self.k_proj(o), self.v_proj(o)
+        pad = (0, 0, 0, tp - t)
+        q, k, v = F.pad(q, pad), F.pad(k, pad), F.pad(v, pad)
+        front = (0, 0, w, 0)
+        kp, vp = F.pad(k, front), F.pad(v, front)  # [B, w + tp, D]; block i's keys are kp[:, i*w : i*w+2w]
+        kb = torch.cat([kp[:, :tp].view(b, nb, w, d), kp[:, w:].view(b, nb, w, d)], dim=2)  # [B, nb, 2w, D]
+        vb = torch.cat([vp[:, :tp].view(b, nb, w, d), vp[:, w:].view(b, nb, w, d)], dim=2)
+        qh = q.view(b, nb, w, nh, dh).permute(0, 3, 1, 2, 4)  # [B, nh, nb, w, dh]
+        kh = kb.view(b, nb, 2 * w, nh, dh).permute(0, 3, 1, 4, 2)  # [B, nh, nb, dh, 2w]
+        vh = vb.view(b, nb, 2 * w, nh, dh).permute(0, 3, 1, 2, 4)  # [B, nh, nb, 2w, dh]
+        scores = torch.matmul(qh, kh) * (1.0 / math.sqrt(dh))  # [B, nh, nb, w, 2w]
+        scores = scores.masked_fill(~self._band_mask(nb, o.device), float("-inf"))
+        att = torch.matmul(torch.softmax(scores, dim=-1), vh)  # [B, nh, nb, w, dh]
+        return att.permute(0, 2, 3, 1, 4).reshape(b, tp, d)[:, :t]
+
+    def _band_mask(self, nb: int, device: torch.device) -> Tensor:
+        """``[nb, w, 2w]`` True where query a of block i may see key c: ``a < c <= a + w`` and ``s >= 0``."""
+        w = self.window
+        a = torch.arange(w, device=device)[:, None]
+        c = torch.arange(2 * w, device=device)[None, :]
+        band = (c > a) & (c <= a + w)
+        first = torch.arange(nb, device=device)[:, None, None] > 0
+        return band[None] & (first | (c >= w)[None])
+
+    def heads_from(self, o: Tensor, att: Tensor) -> Output:
+        """LSTM outputs and attention (before ``o_proj``), ``[..., H]`` each → :class:`Output` ``[..., K, Q]``."""
+        z = self.trunk(torch.cat([o, self.o_proj(att)], dim=-1))
+        raw = self.quantile_head(z).unflatten(-1, (self.n_targets, self.n_quantiles))
+        if self.n_quantiles > 1:
+            steps = F.softplus(raw[..., 1:])
+            quantiles = torch.cat([raw[..., :1], raw[..., :1] + torch.cumsum(steps, dim=-1)], dim=-1)
+        else:
+            quantiles = raw
+        return Output(quantiles=quantiles, burst_logit=self.burst_head(z).squeeze(-1))
+
+
+def pinball_loss(
+    pred: Tensor, target: Tensor, quantiles: Sequence[float], mask: Tensor | None = None
+) -> Tensor:
+    """Mean quantile (pinball) loss over observed targets.
+
+    ``pred [..., K, Q]``, ``target [..., K]`` (NaN allowed where ``mask`` is False or when ``mask`` is None:
+    NaN targets are always excluded), ``mask [..., K]`` bool. Returns a scalar; 0 when nothing is observed.
+    """
+    if pred.shape[:-1] != target.shape or pred.shape[-1] != len(quantiles):
+        raise ValueError(f"pred {list(pred.shape)} must be target {list(target.shape)} + [{len(quantiles)}]")
+    ok = torch.isfinite(target) if mask is None else mask & torch.isfinite(target)
+    tgt = torch.where(ok, target, torch.zeros_like(target))
+    q = torch.as_tensor(quantiles, dtype=pred.dtype, device=pred.device)
+    err = tgt.unsqueeze(-1) - pred  # [..., K, Q]
+    loss = torch.maximum(q * err, (q - 1.0) * err).mean(-1)
+    okf = ok.to(pred.dtype)
+    return (loss * okf).sum() / okf.sum().clamp_min(1.0)
+
+
+def burst_bce(logit: Tensor, target: Tensor, mask: Tensor | None = None, pos_weight: float = 1.0) -> Tensor:
+    """Binary cross-entropy of the burst head: ``logit [...]``, ``target [...]`` in {0, 1} (NaN = unknown)."""
+    if logit.shape != target.shape:
+        raise ValueError(f"logit {list(logit.shape)} and target {list(target.shape)} must match")
+    ok = torch.isfinite(target) if mask is None else mask & torch.isfinite(target)
+    tgt = torch.where(ok, target, torch.zeros_like(target))
+    pw = torch.as_tensor(pos_weight, dtype=logit.dtype, device=logit.device)
+    loss = F.binary_cross_entropy_with_logits(logit, tgt, reduction="none", pos_weight=pw)
+    okf = ok.to(logit.dtype)
+    return (loss * okf).sum() / okf.sum().clamp_min(1.0)
+
+
+def decode_quantiles(quantiles: Tensor | np.ndarray, normalizer: Normalizer) -> np.ndarray:
+    """Normalised quantiles ``[..., K, Q]`` → totals over the horizon (requests / tokens), float64, >= 0."""
+    q = quantiles.detach().cpu().numpy() if isinstance(quantiles, Tensor) else np.asarray(quantiles)
+    moved = np.moveaxis(q, -1, -2)  # [..., Q, K] so the normaliser's per-target stats broadcast
+    return np.moveaxis(normalizer.denormalize_targets(moved), -2, -1)

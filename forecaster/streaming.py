@@ -1,0 +1,271 @@
+"""Streaming inference: one LSTM step plus one attention read per node per tick, batched across nodes.
+
+State per node: the LSTM's ``(h, c)`` and ring buffers of the attention keys and values of its last
+``window`` LSTM outputs (keys/values are linear in the outputs, so storing them projected is equivalent to
+storing the outputs and saves two matrix products per tick). Attention is a softmax over a set, so the
+ring's order does not matter; slots not yet written are masked out. Memory: ``2 * window * hidden * 4``
+bytes per node (30 KB at the defaults).
+
+A tick costs O(N · (LSTM step + window · hidden)) — it never re-runs the window. Outputs equal the
+network's full-sequence ``forward`` at the same position (tested to 1e-5).
+
+Nodes with no observed input in the last ``window`` steps (an outage, or a node just added that has only
+reported NaN) get NaN forecasts: the model has nothing observed to attend to, and NaN means "unknown" to
+the controller, which then holds or falls back. Nodes with partial inputs get normal forecasts (the mask
+channels tell the model what is missing).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from forecaster.checkpoint import LoadedCheckpoint, load_checkpoint
+from forecaster.features import FeatureSchema, Normalizer, encode_inputs, encode_step
+from forecaster.network import LstmAttentionNet, Output
+from forecaster.types import ForecastBatch
+
+
+@dataclass(frozen=True, eq=False)
+class SequenceForecast:
+    """Forecasts at every step of a series (:meth:`LearnedForecaster.predict_sequence`).
+
+    ``totals[n, t, k, j]``: quantile ``quantiles[j]`` of target ``targets[k]`` summed over
+    ``(t, t + horizon_s]``, as requests / tokens; ``burst_prob[n, t]``. NaN = no forecast (stale node).
+    """
+
+    node_ids: tuple[str, ...]
+    horizon_s: float
+    quantiles: tuple[float, ...]
+    targets: tuple[str, ...]
+    totals: np.ndarray  # float64 [N, T, K, Q]
+    burst_prob: np.ndarray  # float64 [N, T]
+    model_version: str
+
+    def get(self, target: str, quantile: float) -> np.ndarray:
+        """``[N, T]`` totals of one target at one quantile, e.g. ``get("arrivals", 0.9)``."""
+        if target not in self.targets or quantile not in self.quantiles:
+            raise KeyError(
+                f"no forecast for ({target!r}, {quantile}); have {self.targets} × {self.quantiles}"
+            )
+        return self.totals[:, :, self.targets.index(target), self.quantiles.index(quantile)]
+
+
+class LearnedForecaster:
+    """The LSTM+attention model behind the :class:`forecaster.types.Forecaster` protocol.
+
+    ``num_threads``, when given, is passed to ``torch.set_num_threads`` (process-wide); otherwise the
+    process's setting is used as it is.
+    """
+
+    name = "lstm-attn"
+
+    def __init__(
+        self,
+        net: LstmAttentionNet,
+        schema: FeatureSchema,
+        normalizer: Normalizer,
+        horizon_s: float,
+        model_version: str,
+        *,
+        num_threads: int | None = None,
+    ) -> None:
+        qs = net.config.quantiles
+        missing = [q for q in (0.5, 0.9) if q not in qs]
+        if missing:
+            raise ValueError(
+                f"LearnedForecaster needs the network to predict quantiles 0.5 and 0.9, has {qs}"
+            )
+        if net.config.n_inputs != schema.n_inputs:
+            raise ValueError(f"network n_inputs {net.config.n_inputs} != schema inputs {schema.n_inputs}")
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.net = net.eval()
+        self.schema, self.normalizer = schema, normalizer
+        self.horizon_s, self.model_version = float(horizon_s), model_version
+        self._q50, self._q90 = qs.index(0.5), qs.index(0.9)
+        with torch.no_grad():  # one matrix product for q, k and v (the weights are frozen for inference)
+            self._w_qkv = torch.cat([net.q_proj.weight, net.k_proj.weight, net.v_proj.weight]).clone()
+            self._b_qkv = torch.cat([net.q_proj.bias, net.k_proj.bias, net.v_proj.bias]).clone()
+        self.reset(())
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: LoadedCheckpoint, *, num_threads: int | None = None) -> LearnedForecaster:
+        return cls(
+            ckpt.net,
+            ckpt.schema,
+            ckpt.normalizer,
+            ckpt.horizon_s,
+            ckpt.model_version,
+            num_threads=num_threads,
+        )
+
+    @classmethod
+    def load(
+        cls, path: str | Path, expect_schema: FeatureSchema | None = None, *, num_threads: int | None = None
+    ) -> LearnedForecaster:
+        """Load a checkpoint (see :func:`forecaster.checkpoint.load_checkpoint`) and wrap it."""
+        return cls.from_checkpoint(load_checkpoint(path, expect_schema), num_threads=num_threads)
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return self._node_ids
+
+    def reset(self, node_ids: Sequence[str]) -> None:
+        """Forget all state and start tracking these nodes (in this order)."""
+        ids = tuple(node_ids)
+        if len(set(ids)) != len(ids):
+            raise ValueError("reset: node_ids contain duplicates")
+        self._node_ids = ids
+        n, cfg = len(self._node_ids), self.net.config
+        nh, dh = self.net.heads, self.net.head_dim
+        self._h = torch.zeros(cfg.layers, n, cfg.hidden)
+        self._c = torch.zeros(cfg.layers, n, cfg.hidden)
+        self._k = torch.zeros(n, nh, dh, cfg.window)  # ring of keys, per head, stored transposed for q @ K
+        self._v = torch.zeros(n, nh, cfg.window, dh)
+        self._count = torch.zeros(n, dtype=torch.long)  # steps consumed since the node was added
+        self._tick = 0  # ring slot written next is _tick % window, the same for every node
+        self._since_obs = np.full(n, cfg.window, dtype=np.int64)  # steps since any channel was observed
+
+    def ensure_nodes(self, node_ids: Sequence[str]) -> None:
+        """Track exactly these nodes, in this order: known ones keep their state, new ones start fresh."""
+        new_ids = tuple(node_ids)
+        if new_ids == self._node_ids:
+            return
+        if len(set(new_ids)) != len(new_ids):
+            raise ValueError("ensure_nodes: node_ids contain duplicates")
+        old = {nid: i for i, nid in enumerate(self._node_ids)}
+        h, c, k, v, count, since = self._h, self._c, self._k, self._v, self._count, self._since_obs
+        tick = self._tick
+        self.reset(new_ids)
+        self._tick = tick  # kept nodes' ring slots stay where they are
+        src = [old.get(nid, -1) for nid in new_ids]
+        dst_idx = torch.tensor([i for i, s in enumerate(src) if s >= 0], dtype=torch.long)
+        src_idx = torch.tensor([s for s in src if s >= 0], dtype=torch.long)
+        if len(src_idx):
+            self._h[:, dst_idx], self._c[:, dst_idx] = h[:, src_idx], c[:, src_idx]
+            self._k[dst_idx], self._v[dst_idx] = k[src_idx], v[src_idx]
+            self._count[dst_idx] = count[src_idx]
+            self._since_obs[dst_idx.numpy()] = since[src_idx.numpy()]
+
+    def step(self, x: np.ndarray, mask: np.ndarray, now_s: float = math.nan) -> ForecastBatch:
+        """Consume one step for every tracked node and forecast totals over ``(now_s, now_s + horizon_s]``.
+
+        ``x``: ``[N, C]`` raw channels (NaN = unknown), ``mask``: ``[N, C]`` bool, rows in ``node_ids`` order;
+        ``now_s``: seconds since the Unix epoch (needed by the time-of-day features).
+        """
+        n = len(self._node_ids)
+        if np.shape(x) != (n, len(self.schema.channels)) or np.shape(mask) != np.shape(x):
+            raise ValueError(
+                f"step: x {np.shape(x)} and mask {np.shape(mask)} must be [{n} tracked nodes, "
+                f"{len(self.schema.channels)} channels]; call ensure_nodes() when the node set changes"
+            )
+        z = encode_step(x, mask, self.normalizer, now_s, self.schema)
+        _, ok = self.normalizer.normalize_inputs(x, mask)  # what the encoding counted as observed
+        self._since_obs = np.where(ok.any(axis=1), 0, self._since_obs + 1)
+        out = self.step_encoded(torch.from_numpy(z))
+        totals = self._decode(out)
+        stale = self._since_obs >= self.net.config.window
+        totals[stale] = np.nan
+        burst = torch.sigmoid(out.burst_logit).numpy().astype(np.float64)
+        burst[stale] = np.nan
+        return ForecastBatch(
+            node_ids=self._node_ids,
+            horizon_s=self.horizon_s,
+            arrivals_p50=totals[:, 0, self._q50],
+            arrivals_p90=totals[:, 0, self._q90],
+            prompt_tokens_p50=totals[:, 1, self._q50],
+            prompt_tokens_p90=totals[:, 1, self._q90],
+            gen_tokens_p50=totals[:, 2, self._q50],
+            gen_tokens_p90=totals[:, 2, self._q90],
+            burst_prob=burst,
+            model_version=self.model_version,
+        )
+
+    def predict_sequence(
+        self,
+        x: np.ndarray,
+        mask: np.ndarray,
+        times_s: np.ndarray,
+        *,
+        node_ids: Sequence[str] | None = None,
+        chunk_nodes: int = 256,
+    ) -> SequenceForecast:
+        """Offline: forecasts at every step of whole series, as if each node were ``reset`` then ``step``-ped.
+
+        ``x``/``mask``: ``[N, T, C]`` raw channels; ``times_s``: ``[T]`` seconds since the Unix epoch. Runs
+        the network's full-sequence forward (much faster than T calls to ``step``); the streaming state is
+        not touched. Same NaN rule as ``step``: nothing observed in the last ``window`` steps → NaN.
+        """
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 3 or x.shape[-1] != len(self.schema.channels) or np.shape(mask) != x.shape:
+            raise ValueError(
+                f"predict_sequence: x {x.shape} and mask {np.shape(mask)} must be [N, T, {len(self.schema.channels)}]"
+            )
+        n, t = x.shape[:2]
+        if node_ids is not None and len(node_ids) != n:
+            raise ValueError(f"predict_sequence: {len(node_ids)} node_ids for {n} series")
+        _, ok = self.normalizer.normalize_inputs(x, mask)
+        steps = np.arange(t)
+        last_obs = np.maximum.accumulate(np.where(ok.any(axis=-1), steps, -(10**12)), axis=-1)
+        stale = steps - last_obs >= self.net.config.window  # [N, T]
+        q = np.empty((n, t, self.net.n_targets, self.net.n_quantiles))
+        logit = np.empty((n, t))
+        with torch.inference_mode():
+            for lo in range(0, n, chunk_nodes):
+                hi = min(lo + chunk_nodes, n)
+                z = encode_inputs(x[lo:hi], np.asarray(mask)[lo:hi], self.normalizer, times_s, self.schema)
+                out = self.net(torch.from_numpy(z))
+                q[lo:hi], logit[lo:hi] = out.quantiles.numpy(), out.burst_logit.numpy()
+        totals = np.moveaxis(self.normalizer.denormalize_targets(np.moveaxis(q, -1, -2)), -2, -1)
+        totals[stale] = np.nan
+        burst = 1.0 / (1.0 + np.exp(-logit))
+        burst[stale] = np.nan
+        return SequenceForecast(
+            node_ids=tuple(node_ids) if node_ids is not None else tuple(str(i) for i in range(n)),
+            horizon_s=self.horizon_s,
+            quantiles=self.net.config.quantiles,
+            targets=self.schema.targets,
+            totals=totals,
+            burst_prob=burst,
+            model_version=self.model_version,
+        )
+
+    def _decode(self, out: Output) -> np.ndarray:
+        q = out.quantiles.numpy()  # [N, K, Q] normalised
+        moved = np.moveaxis(q, -1, -2)
+        return np.moveaxis(self.normalizer.denormalize_targets(moved), -2, -1)
+
+    @torch.inference_mode()
+    def step_encoded(self, z: Tensor) -> Output:
+        """One step on already-encoded inputs ``z [N, F_in]`` → :class:`Output` with ``[N, K, Q]`` / ``[N]``.
+
+        Normalised outputs, no staleness rule (``step`` adds both decoding and the NaN rule).
+        """
+        net, w = self.net, self.net.window
+        n = z.shape[0]
+        o, (self._h, self._c) = net.lstm(z.unsqueeze(1), (self._h, self._c))
+        o = o.squeeze(1)  # [N, H]
+        nh, dh = net.heads, net.head_dim
+        qkv = torch.nn.functional.linear(o, self._w_qkv, self._b_qkv)
+        d = net.hidden
+        q, k, v = qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :]
+        q = q.reshape(n, nh, 1, dh) * (1.0 / math.sqrt(dh))
+        slot = self._tick % w
+        self._k[:, :, :, slot] = k.reshape(n, nh, dh)
+        self._v[:, :, slot] = v.reshape(n, nh, dh)
+        self._count += 1
+        self._tick += 1
+        scores = torch.matmul(q, self._k)  # [N, nh, 1, w]
+        if n and int(self._count.min()) < w:  # some node has not filled its ring yet
+            age = (slot - torch.arange(w)) % w  # 0 = written now, w-1 = oldest
+            unwritten = age[None, :] >= self._count[:, None]  # [N, w]
+            scores = scores.masked_fill(unwritten[:, None, None, :], float("-inf"))
+        att = torch.matmul(torch.softmax(scores, dim=-1), self._v).reshape(n, nh * dh)
+        return net.heads_from(o, att)

@@ -1,0 +1,1 @@
+"""pdscale serving package."""

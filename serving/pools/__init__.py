@@ -1,0 +1,1 @@
+"""Pools of real vLLM servers: the tiny local model, local process launcher, load generator."""

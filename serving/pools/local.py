@@ -1,0 +1,347 @@
+"""Start, health-check and stop real vLLM OpenAI servers as local processes (mixed, prefill or decode).
+
+Each server runs in its own session and process group (``start_new_session=True``): vLLM's API server
+forks an engine-core process (and workers) that SIGKILL of the API server alone would orphan, several
+GB each. ``LocalInstance.stop`` therefore signals the whole group, SIGTERM first (vLLM shuts down
+cleanly on it), SIGKILL after a timeout, and returns only once no process of the group is left.
+
+Prefill/decode disaggregation uses a KV connector passed as ``--kv-transfer-config``: ExampleConnector
+(KV blocks through files in a shared directory; needs nothing extra) by default, NixlConnector when
+``nixl`` is importable. See ../shared/notes/VLLM_CPU.md for what was measured on these machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Role = Literal["mixed", "prefill", "decode"]
+ROLES: tuple[Role, ...] = ("mixed", "prefill", "decode")
+Connector = Literal["ExampleConnector", "NixlConnector"]
+
+SERVED_MODEL_NAME = "tiny"
+
+# What makes vLLM-cpu run on a shared CPU box without reaching the network (see VLLM_CPU.md).
+BASE_ENV: dict[str, str] = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per server
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # other processes share the cores: do not pin
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+}
+
+
+class InstanceStartError(RuntimeError):
+    """A server exited or never became healthy while starting; the message carries its last log lines."""
+
+
+@dataclass(frozen=True)
+class KVTransfer:
+    """The KV connector that joins a prefill and a decode instance.
+
+    ``shared_storage_path`` is ExampleConnector's directory (the same for both sides; it fills with KV
+    block files, one per full 128-token block of each prompt: put it under a temp dir).
+    """
+
+    connector: Connector = "ExampleConnector"
+    shared_storage_path: Path | None = None
+
+    def config_json(self, role: Role) -> str:
+        """The ``--kv-transfer-config`` value for an instance of ``role`` (prefill or decode)."""
+        if role == "mixed":
+            raise ValueError("KVTransfer.config_json: a mixed instance takes no KV connector")
+        if self.connector == "ExampleConnector":
+            if self.shared_storage_path is None:
+                raise ValueError("KVTransfer.shared_storage_path: ExampleConnector needs a shared directory")
+            return json.dumps(
+                {
+                    "kv_connector": "ExampleConnector",
+                    "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+                    "kv_connector_extra_config": {"shared_storage_path": str(self.shared_storage_path)},
+                }
+            )
+        if importlib.util.find_spec("nixl") is None:
+            raise RuntimeError(
+                "KVTransfer.connector='NixlConnector' needs the `nixl` package, which is not installed "
+                "(pip install nixl); use connector='ExampleConnector' on this machine"
+            )
+        return json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """How one local vLLM server is launched. Defaults suit the tiny model on a shared 2-core box."""
+
+    model_dir: Path
+    role: Role = "mixed"
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free loopback port is picked
+    max_model_len: int = 1024
+    max_num_seqs: int | None = None  # None: vLLM's default
+    num_gpu_blocks_override: int | None = None  # KV blocks (128 tokens each on CPU); None: from KV space
+    kv_transfer: KVTransfer | None = None  # required for prefill/decode roles
+    # bfloat16 kills the CPU worker on the first forward pass on this machine kind (AMX host, vllm-cpu
+    # 0.32.0, tiny Llama): measured 2026-11-29. float32 works and the tiny model is small anyway.
+    dtype: str = "float32"
+    enable_prefix_caching: bool = True
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)  # added to BASE_ENV and the parent environment
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"InstanceConfig.role: {self.role!r} is not one of {ROLES}")
+        if self.role != "mixed" and self.kv_transfer is None:
+            raise ValueError(f"InstanceConfig.kv_transfer: a {self.role} instance needs a KV connector")
+        for name in ("max_model_len", "max_num_seqs", "num_gpu_blocks_override"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"InstanceConfig.{name}: must be >= 1, got {value}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it; a tiny race with other binders remains)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def server_command(config: InstanceConfig, port: int) -> list[str]:
+    """The argv that starts the OpenAI API server for ``config`` on ``port``."""
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(config.model_dir),
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        config.host,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(config.max_model_len),
+        "--dtype",
+        config.dtype,
+        "--enforce-eager",  # no compile warm-up: healthy in ~40 s instead of ~100 s
+    ]
+    if config.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(config.max_num_seqs)]
+    if config.num_gpu_blocks_override is not None:
+        argv += ["--num-gpu-blocks-override", str(config.num_gpu_blocks_override)]
+    if not config.enable_prefix_caching:
+        argv.append("--no-enable-prefix-caching")
+    if config.kv_transfer is not None and config.role != "mixed":
+        argv += ["--kv-transfer-config", config.kv_transfer.config_json(config.role)]
+    return argv + list(config.extra_args)
+
+
+def tail_lines(path: Path, n: int = 30) -> str:
+    """The last ``n`` lines of a text file ('' when it does not exist)."""
+    try:
+        with path.open(errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except FileNotFoundError:
+        return ""
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Pids of every live (non-zombie) process in process group ``pgid``, read from /proc (Linux)."""
+    found: list[int] = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # exited while we looked
+            continue
+        # Fields after the parenthesised command name: state, ppid, pgrp, ...
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else (cannot happen for our own group)
+        return True
+    return True
+
+
+@dataclass(frozen=True, eq=False)
+class LocalInstance:
+    """A running vLLM server process group. ``pid`` is also its process-group id."""
+
+    url: str  # http://host:port, no trailing slash
+    role: Role
+    pid: int
+    log_path: Path
+    config: InstanceConfig
+    process: subprocess.Popen[bytes] = field(repr=False)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def is_running(self) -> bool:
+        """True while the API server process has not exited."""
+        return self.process.poll() is None
+
+    def group_alive(self) -> bool:
+        """True while any process of the server's group (API server, engine core, workers) exists."""
+        return _group_alive(self.pid)
+
+    def wait_healthy(
+        self,
+        timeout_s: float = 180.0,
+        *,
+        poll_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> float:
+        """Poll ``/health`` until it answers 200; return the seconds waited.
+
+        Raises ``InstanceStartError`` with the last 30 log lines when the server exits first or the
+        timeout passes (the server is left running on timeout: call ``stop``).
+        """
+        start = clock()
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise InstanceStartError(
+                    f"vLLM {self.role} server on {self.url} exited with code {code} while starting; "
+                    f"last lines of {self.log_path}:\n{tail_lines(self.log_path)}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return clock() - start
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if clock() - start > timeout_s:
+                raise InstanceStartError(
+                    f"vLLM {self.role} server on {self.url} not healthy after {timeout_s:.0f} s; "
+                    f"last lines of {self.log_path}:\n{tail_lines(self.log_path)}"
+                )
+            sleep(poll_s)
+
+    def stop(self, timeout_s: float = 30.0, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """SIGTERM the whole group, SIGKILL what is left after ``timeout_s``; return when the group is gone.
+
+        Idempotent. Raises ``RuntimeError`` if processes of the group survive SIGKILL for 10 s more.
+        """
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGTERM)
+        deadline = clock() + timeout_s
+        while clock() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=0.2)  # reap the leader, or its zombie keeps the group alive
+            if not self.group_alive():
+                return
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        deadline = clock() + 10.0
+        while clock() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=0.2)
+            if not self.group_alive():
+                return
+        raise RuntimeError(f"process group {self.pid} ({self.url}) still alive after SIGKILL")
+
+    def __enter__(self) -> LocalInstance:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_instance(config: InstanceConfig, log_dir: str | os.PathLike[str]) -> LocalInstance:
+    """Launch one vLLM server (not yet healthy: call ``wait_healthy``). Example::
+
+    cfg = InstanceConfig(model_dir=build_tiny_model("out/tiny"), max_num_seqs=16)
+    with start_instance(cfg, "out/logs") as server:
+        server.wait_healthy()
+        httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "hi"})
+    """
+    if not (Path(config.model_dir) / "config.json").exists():
+        raise FileNotFoundError(f"{config.model_dir}/config.json: not a model directory (build_tiny_model?)")
+    port = config.port if config.port is not None else free_port(config.host)
+    logs = Path(log_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"vllm-{config.role}-{port}.log"
+    env = {**os.environ, **BASE_ENV, **config.env}
+    argv = server_command(config, port)
+    with log_path.open("wb") as log:
+        log.write(("$ " + " ".join(argv) + "\n").encode())
+        log.flush()
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+    return LocalInstance(
+        url=f"http://{config.host}:{port}",
+        role=config.role,
+        pid=process.pid,
+        log_path=log_path,
+        config=config,
+        process=process,
+    )
+
+
+def start_pd_pair(
+    model_dir: Path,
+    log_dir: str | os.PathLike[str],
+    kv_transfer: KVTransfer,
+    *,
+    options: Mapping[str, int | None] | None = None,
+    extra_args: Sequence[str] = (),
+) -> tuple[LocalInstance, LocalInstance]:
+    """Start a prefill and a decode server joined by ``kv_transfer`` (both starting in parallel).
+
+    ``options`` may set ``max_num_seqs`` and ``num_gpu_blocks_override`` for both. The caller waits
+    for health and stops both (stop the first if the second fails to start).
+    """
+    opts = dict(options or {})
+    unknown = set(opts) - {"max_num_seqs", "num_gpu_blocks_override"}
+    if unknown:
+        raise ValueError(f"start_pd_pair options: unknown {sorted(unknown)}")
+    pair: list[LocalInstance] = []
+    try:
+        pd_roles: tuple[Role, Role] = ("prefill", "decode")
+        for role in pd_roles:
+            cfg = InstanceConfig(
+                model_dir=model_dir,
+                role=role,
+                kv_transfer=kv_transfer,
+                max_num_seqs=opts.get("max_num_seqs"),
+                num_gpu_blocks_override=opts.get("num_gpu_blocks_override"),
+                extra_args=tuple(extra_args),
+            )
+            pair.append(start_instance(cfg, log_dir))
+    except BaseException:
+        for inst in pair:
+            inst.stop()
+        raise
+    return pair[0], pair[1]

@@ -1,0 +1,1 @@
+"""Discrete-event simulator of prefill/decode LLM serving pools on a virtual clock."""

@@ -1,0 +1,700 @@
+"""The discrete-event simulator of P/D (and colocated) LLM serving pools on a virtual clock.
+
+Events exist only where a batch changes membership (an arrival, a prefill iteration's end, the end of a
+decode run, a KV transfer landing) or an instance changes lifecycle state; many decode steps are advanced
+at once (see :mod:`serving.sim.instance`).
+
+Lifecycle of an instance: ``provisioning`` (cold start) → ``active`` (or ``standby``: loaded, out of
+rotation) → ``activating`` (standby promoted, ``standby_activation_s``) → ``active`` → ``draining`` (no new
+requests; finishes what it holds) → gone, or ``failed`` (crash injection: its requests are routed again,
+restarting from a recompute prefill, never lost). GPU-seconds count every state that holds GPUs
+(provisioning, standby, activating, active, draining).
+
+Disaggregated pools follow vLLM's P/D proxy (``disagg_prefill_proxy_server.py``, ``toy_proxy_server.py``):
+the proxy sends the prompt to a ``prefill`` instance with ``max_tokens=1`` and drops that response, then
+sends the request to a ``decode`` instance and streams *its* output to the client. So here: a request
+prefills on a prefill instance (which samples one token, counted there, never streamed); its KV moves to a
+decode instance in ``kv_transfer_latency_ms + bytes / kv_transfer_gbps`` (gigabits per second); it waits in
+that instance's queue for a place in the decode batch (``max_num_seqs`` and KV blocks, FCFS); the first step
+that includes it samples the client's first token (vLLM's decode side recomputes the last prompt token of a
+fully transferred prompt to sample it: ``_update_waiting_for_remote_kv`` in ``v1/core/sched/scheduler.py``).
+TTFT = queue at prefill + prefill + transfer + wait for a decode slot + that first step; the decode
+instance then runs ``output - 1`` more steps. KV ownership (NIXL): the prefill instance keeps the request's
+KV blocks allocated until the decode instance admits it (its blocks there are allocated then), so a
+saturated decode pool back-pressures the prefill instances through their KV cache. Simplification: the
+transfer starts when the prefill ends (vLLM pulls after the decode side allocated blocks), so when decode is
+KV-bound the transfer overlaps the wait instead of following it: TTFT is low by at most one transfer time
+(ms). A prefill instance that fails while holding KV for a pull loses it: the decode instance recomputes the
+prompt itself (vLLM's recompute policy on a failed KV load). Requests that find no active instance of the
+role they need wait in the pool's router queue.
+
+Where metrics land: ``vllm:time_to_first_token_seconds`` on the instance that delivers the first token (the
+decode instance when disaggregated), ``vllm:e2e_request_latency_seconds`` and ``vllm:request_success_total``
+on the instance that completes the request, tokens on the instance that produced them (a prefill instance
+counts the prompt and the token it samples: fleet generation tokens = output tokens + one per KV handoff),
+``pdscale:router_requests_total`` on each instance a request is routed to (entry and, when disaggregated,
+decode).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from serving.sim.fleet import ROLES, FleetSpec, PoolSpec
+from serving.sim.instance import Instance, LatencyLike, ProfileLike, RequestTable
+from serving.sim.report import ReplayReport, Timeline, percentiles, request_latencies_ms, slo_met
+from serving.sim.router import Router, RouteRequest, make_router
+from serving.sim.samples import (
+    E2E_REQUEST_LATENCY_SECONDS,
+    GENERATION_TOKENS_TOTAL,
+    INTER_TOKEN_LATENCY_SECONDS,
+    KV_CACHE_USAGE_PERC,
+    NUM_PREEMPTIONS_TOTAL,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    PROMPT_TOKENS_TOTAL,
+    REQUEST_SUCCESS_TOTAL,
+    ROUTER_REQUESTS_TOTAL,
+    TIME_TO_FIRST_TOKEN_SECONDS,
+    Histogram,
+    InstanceSamples,
+)
+from serving.workload.trace import Trace
+
+HOLDS_GPU = frozenset({"provisioning", "standby", "activating", "active", "draining"})
+STATES: tuple[str, ...] = ("provisioning", "standby", "activating", "active", "draining", "failed")
+
+_EV_SEGMENT = 0
+_EV_TRANSFER = 1
+_EV_READY = 2
+
+ModelResolver = Callable[[str], tuple[ProfileLike, LatencyLike]]
+
+
+def default_models(profile: str) -> tuple[ProfileLike, LatencyLike]:
+    """The hardware profile and latency model registered under ``profile`` (e.g. ``llama3-8b/a100``)."""
+    from serving.sim import hardware, latency
+
+    return hardware.get_profile(profile), latency.get_latency_model(profile)
+
+
+@dataclass(frozen=True)
+class ScaleEvent:
+    """A change of target made through :meth:`Simulator.set_target` (after clamping)."""
+
+    t_s: float
+    pool: str
+    role: str
+    active: int
+    standby: int
+
+
+class _Pool:
+    def __init__(self, index: int, spec: PoolSpec, profile: ProfileLike, latency: LatencyLike) -> None:
+        self.index = index
+        self.spec = spec
+        self.profile = profile
+        self.latency = latency
+        self.router: Router = make_router(spec.router)
+        self.entry_role = "prefill" if spec.disaggregated else "mixed"
+        self.ready: dict[str, list[Instance]] = {r: [] for r in ROLES}
+        self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
+        self.serial: dict[str, int] = {r: 0 for r in ROLES}
+        self.target: dict[str, tuple[int, int]] = {}
+        transfer_bits_per_token = 8.0 * float(profile.kv_bytes_per_token)
+        self.transfer_s_per_token = transfer_bits_per_token / (float(profile.kv_transfer_gbps) * 1e9)
+        self.transfer_latency_s = float(profile.kv_transfer_latency_ms) / 1000.0
+        self.mixed_node = spec.placement == "mixed-node"
+        self.node_serial = 0
+        cap = int(profile.kv_capacity_tokens)
+        self.kv_tokens = {role: cap for role in ROLES}
+        if self.mixed_node:  # the node's KV memory is partitioned between its two instances
+            self.kv_tokens["prefill"] = int(cap * spec.prefill_mem_frac)
+            self.kv_tokens["decode"] = cap - self.kv_tokens["prefill"]
+
+
+class Simulator:
+    """Virtual-clock simulator of one fleet replaying one trace per pool.
+
+    ``models`` maps a profile name to its (hardware profile, latency model); by default both come from
+    ``serving.sim.hardware.get_profile`` and ``serving.sim.latency.get_latency_model``. ``seed`` is kept
+    for reproducible extensions (the simulation itself is deterministic).
+    """
+
+    def __init__(
+        self,
+        fleet: FleetSpec,
+        traces: Mapping[str, Trace],
+        seed: int = 0,
+        *,
+        models: ModelResolver | None = None,
+    ) -> None:
+        unknown = set(traces) - {p.name for p in fleet.pools}
+        if unknown:
+            raise ValueError(f"traces given for pools not in the fleet: {sorted(unknown)}")
+        resolve = models or default_models
+        self.fleet = fleet
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.now_s = 0.0
+        self.pools: list[_Pool] = []
+        self._pool_by_name: dict[str, _Pool] = {}
+        for i, spec in enumerate(fleet.pools):
+            profile, latency = resolve(spec.profile)
+            pool = _Pool(i, spec, profile, latency)
+            self.pools.append(pool)
+            self._pool_by_name[spec.name] = pool
+        self.req, self.traces = self._build_requests(traces)
+        order = np.argsort(self.req.arrival_s, kind="stable")
+        self._arrival_order = order.tolist()
+        self._arrival_times = self.req.arrival_s[order].tolist()
+        self._next_arrival = 0
+        self.instances: list[Instance] = []
+        self._by_id: dict[str, Instance] = {}
+        self._node_members: dict[str, list[Instance]] = {}  # node id -> instances placed there, ever
+        self._node_gpus: dict[str, int] = {}
+        self._events: list[tuple[float, int, int, int, int]] = []
+        self._seq = 0
+        self.scale_events: list[ScaleEvent] = []
+        self.budget_denied = 0
+        for pool in self.pools:
+            for role in pool.spec.roles:
+                counts = pool.spec.role(role)
+                self.set_target(pool.spec.name, role, counts.initial, counts.standby, warm=True)
+
+    # -- setup -----------------------------------------------------------------------------------------
+    def _build_requests(self, traces: Mapping[str, Trace]) -> tuple[RequestTable, dict[str, Trace]]:
+        parts = []
+        by_pool: dict[str, Trace] = {}
+        for pool in self.pools:
+            trace = traces.get(pool.spec.name)
+            if trace is None:
+                trace = Trace.from_arrays(np.empty(0), np.empty(0), np.empty(0), source="empty")
+            by_pool[pool.spec.name] = trace
+            prompt = np.maximum(trace.prompt_tokens, 1)
+            whole = prompt + np.maximum(trace.output_tokens, 1)
+            needs = {"prefill": prompt + 1, "decode": whole, "mixed": whole}
+            for role in pool.spec.roles:
+                cap = pool.kv_tokens[role]
+                need = needs[role]
+                if len(trace) and int(need.max()) > cap:
+                    i = int(np.argmax(need))
+                    raise ValueError(
+                        f"{trace.source or 'trace'}: request {i} needs {int(need[i])} KV tokens on a {role} "
+                        f"instance but profile {pool.spec.profile!r} holds {cap} there"
+                    )
+            parts.append((trace, pool.index))
+        req = RequestTable(
+            np.concatenate([t.arrival_s for t, _ in parts]),
+            np.concatenate([t.prompt_tokens for t, _ in parts]),
+            np.concatenate([t.output_tokens for t, _ in parts]),
+            np.concatenate([t.priority for t, _ in parts]),
+            np.concatenate([np.full(len(t), i, dtype=np.int64) for t, i in parts]),
+        )
+        return req, by_pool
+
+    def _push(self, t_s: float, kind: int, a: int, b: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t_s, self._seq, kind, a, b))
+
+    # -- the clock ---------------------------------------------------------------------------------------
+    def run_until(self, t_s: float) -> None:
+        """Process every event and arrival at or before ``t_s``; then ``now_s == t_s``."""
+        if t_s < self.now_s:
+            raise ValueError(f"run_until({t_s}) is in the past (now_s={self.now_s})")
+        events = self._events
+        times = self._arrival_times
+        n_arr = len(times)
+        while True:
+            t_ev = events[0][0] if events else math.inf
+            t_arr = times[self._next_arrival] if self._next_arrival < n_arr else math.inf
+            if t_arr < t_ev:
+                if t_arr > t_s:
+                    break
+                self.now_s = t_arr
+                rid = self._arrival_order[self._next_arrival]
+                self._next_arrival += 1
+                pool = self.pools[self.req.pool_of[rid]]
+                self._route(pool, pool.entry_role, rid)
+                continue
+            if t_ev > t_s:
+                break
+            t, _, kind, a, b = heapq.heappop(events)
+            self.now_s = t
+            if kind == _EV_SEGMENT:
+                inst = self.instances[a]
+                if inst.version == b and inst.busy and inst.seg_end_s == t:
+                    self._on_segment_end(inst)
+            elif kind == _EV_TRANSFER:
+                pool = self.pools[self.req.pool_of[a]]
+                self._route(pool, "decode", a)
+            else:
+                inst = self.instances[a]
+                if inst.version == b:
+                    self._on_ready(inst)
+        self.now_s = float(t_s)
+
+    @property
+    def idle(self) -> bool:
+        """No event pending and no arrival left (requests parked at a router queue may remain)."""
+        return not self._events and self._next_arrival >= len(self._arrival_times)
+
+    def run_to_completion(self, limit_s: float = math.inf, step_s: float = 1.0) -> None:
+        """Advance in ``step_s`` steps until idle or ``limit_s`` (requests may remain parked if no
+        instance of their role is active: :meth:`unfinished` says how many)."""
+        while not self.idle and self.now_s < limit_s:
+            self.run_until(min(self.now_s + step_s, limit_s))
+
+    # -- routing and batching ----------------------------------------------------------------------------
+    def _route(self, pool: _Pool, role: str, rid: int) -> None:
+        ready = pool.ready[role]
+        if not ready:
+            pool.pending[role].append(rid)
+            return
+        request = RouteRequest(
+            prompt_tokens=self.req.prompt[rid],
+            predicted_output_tokens=self.req.target[rid],
+            priority=self.req.priority[rid],
+            stage=role,
+        )
+        inst = ready[pool.router.choose(request, ready)] if len(ready) > 1 else ready[0]
+        self._enqueue(inst, rid)
+
+    def _enqueue(self, inst: Instance, rid: int) -> None:
+        if inst.enqueue(rid, self.req.priority[rid], self.now_s):
+            inst.version += 1
+            self._push(inst.seg_end_s, _EV_SEGMENT, inst.index, inst.version)
+        elif not inst.busy:
+            self._schedule(inst)
+
+    def _schedule(self, inst: Instance, was_busy: bool = False) -> None:
+        end = inst.schedule(self.now_s, self.req)
+        if end is not None:
+            self._push(end, _EV_SEGMENT, inst.index, inst.version)
+        elif inst.state == "draining" and inst.empty:
+            self._finish_drain(inst)
+        sibling = inst.sibling
+        if sibling is not None and inst.busy != was_busy and sibling.interrupt(self.now_s):
+            # the node's compute share changed: re-plan the sibling's decode run from its next step
+            sibling.version += 1
+            self._push(sibling.seg_end_s, _EV_SEGMENT, sibling.index, sibling.version)
+        if inst.pulled:
+            pulled, inst.pulled = inst.pulled, []
+            for rid in pulled:
+                self._release_kv(rid)
+
+    def _release_kv(self, rid: int) -> None:
+        """``rid``'s KV no longer needs its prefill instance: free the blocks kept there, and let that
+        instance use them (it may have been idle for want of blocks, or draining until they were freed)."""
+        src = self.instances[self.req.kv_src[rid]]
+        self.req.kv_src[rid] = -1
+        src.release_held(rid)
+        if not src.busy and (src.state == "draining" or (src.waiting and src.state == "active")):
+            self._schedule(src)
+
+    def _on_segment_end(self, inst: Instance) -> None:
+        out = inst.finish_segment(self.now_s, self.req)
+        if out.handoff:
+            pool = self.pools[inst.pool_index]
+            for rid in out.handoff:
+                ctx = self.req.ctx[rid]
+                self._push(
+                    self.now_s + pool.transfer_latency_s + ctx * pool.transfer_s_per_token,
+                    _EV_TRANSFER,
+                    rid,
+                    0,
+                )
+        self._schedule(inst, was_busy=True)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def _node_holds_gpu(self, node: str) -> bool:
+        return any(i.state in HOLDS_GPU for i in self._node_members[node])
+
+    def _gpus_in_use(self) -> int:
+        return sum(self._node_gpus[n] for n in self._node_members if self._node_holds_gpu(n))
+
+    def _place(self, pool: _Pool, role: str, inst_id: str) -> tuple[str, Instance | None]:
+        """The node for a new instance (and its sibling there): its own node when dedicated; on mixed
+        nodes the first node without a live instance of ``role``, else a new node."""
+        if not pool.mixed_node:
+            return inst_id, None
+        for node, members in self._node_members.items():
+            if not node.startswith(f"{pool.spec.name}-node-"):
+                continue
+            live = [i for i in members if i.state not in ("gone", "failed")]
+            if not any(i.role == role for i in live):
+                return node, next((i for i in live if i.role != role), None)
+        node = f"{pool.spec.name}-node-{pool.node_serial}"
+        pool.node_serial += 1
+        return node, None
+
+    def _provision(self, pool: _Pool, role: str, dest: str) -> bool:
+        n = pool.serial[role]
+        inst_id = f"{pool.spec.name}-{role}-{n}"
+        node, sibling = self._place(pool, role, inst_id)
+        extra = 0 if node in self._node_members and self._node_holds_gpu(node) else int(pool.profile.gpus)
+        if self._gpus_in_use() + extra > self.fleet.gpu_budget:
+            self.budget_denied += 1
+            return False
+        pool.serial[role] = n + 1
+        marks = {"prefill": pool.spec.long_context_prefill, "decode": pool.spec.high_memory_decode}
+        inst = Instance(
+            index=len(self.instances),
+            instance_id=inst_id,
+            pool_index=pool.index,
+            pool=pool.spec.name,
+            role=role,
+            node=node,
+            profile=pool.profile,
+            latency=pool.latency,
+            marked=n < marks.get(role, 0),
+            now_s=self.now_s,
+            kv_capacity_tokens=pool.kv_tokens[role],
+            slowdown=pool.spec.mixed_node_slowdown if pool.mixed_node else 1.0,
+        )
+        if sibling is not None:
+            inst.sibling, sibling.sibling = sibling, inst
+        inst.dest = dest
+        self.instances.append(inst)
+        self._by_id[inst_id] = inst
+        self._node_members.setdefault(node, []).append(inst)
+        self._node_gpus[node] = int(pool.profile.gpus)
+        self._push(self.now_s + float(pool.profile.cold_start_s), _EV_READY, inst.index, inst.version)
+        return True
+
+    def _on_ready(self, inst: Instance) -> None:
+        if inst.state == "provisioning":
+            if inst.dest == "active":
+                self._activate(inst)
+            else:
+                inst.state = "standby"
+        elif inst.state == "activating":
+            self._activate(inst)
+
+    def _ready_now(self, inst: Instance) -> None:
+        """Initial instances exist at t=0, already loaded (the replay starts from a running fleet)."""
+        inst.version += 1
+        self._on_ready(inst)
+
+    def _activate(self, inst: Instance) -> None:
+        pool = self.pools[inst.pool_index]
+        inst.state = "active"
+        ready = pool.ready[inst.role]
+        ready.append(inst)
+        ready.sort(key=lambda i: i.instance_id)
+        pending = pool.pending[inst.role]
+        while pending:
+            self._route(pool, inst.role, pending.popleft())
+
+    def _deactivate(self, inst: Instance) -> None:
+        ready = self.pools[inst.pool_index].ready[inst.role]
+        if inst in ready:
+            ready.remove(inst)
+
+    def _release(self, inst: Instance, state: str = "gone") -> None:
+        inst.state = state
+        inst.t_release_s = self.now_s
+        inst.version += 1
+
+    def _start_drain(self, inst: Instance, dest: str) -> None:
+        self._deactivate(inst)
+        inst.state = "draining"
+        inst.dest = dest
+        if inst.empty and not inst.busy:
+            self._finish_drain(inst)
+
+    def _finish_drain(self, inst: Instance) -> None:
+        if inst.dest == "standby":
+            inst.state = "standby"
+        else:
+            self._release(inst)
+
+    def fail_instance(self, instance_id: str) -> list[int]:
+        """Crash an instance now: it releases its GPUs; every request queued or running on it is routed
+        again (restarting from a recompute prefill on the pool's entry role). A prefill instance's KV kept
+        for pulls is lost: those requests stay on (or in transit to) their decode instance, which recomputes
+        the prompt. Returns the request ids re-queued."""
+        inst = self._instance(instance_id)
+        if inst.state in ("gone", "failed"):
+            raise ValueError(f"instance {instance_id} is already {inst.state}")
+        self._deactivate(inst)
+        req = self.req
+        for rid in inst.drop_held():
+            # its KV, awaiting a pull, is lost: the decode instance recomputes the prompt itself (vLLM's
+            # recompute policy on a failed KV load); the request stays where it is (in transit or queued)
+            req.kv_src[rid] = -1
+            req.reset_for_recompute(rid)
+        rids = inst.evict_all(self.now_s, req)
+        self._release(inst, "failed")
+        pool = self.pools[inst.pool_index]
+        for rid in rids:
+            if req.kv_src[rid] >= 0:  # queued here with its KV still on a prefill instance
+                self._release_kv(rid)
+        for rid in sorted(rids):
+            self._route(pool, pool.entry_role, rid)
+        return rids
+
+    def _instance(self, instance_id: str) -> Instance:
+        try:
+            return self._by_id[instance_id]
+        except KeyError:
+            raise KeyError(f"no instance {instance_id!r}") from None
+
+    # -- the actuator -----------------------------------------------------------------------------------
+    def set_target(
+        self, pool: str, role: str, active: int, standby: int = 0, *, warm: bool = False
+    ) -> tuple[int, int]:
+        """Aim for ``active`` serving and ``standby`` warm instances of ``role`` in ``pool``.
+
+        Idempotent. Clamps ``active`` to the role's [min, max] and ``standby`` to [0, max - active].
+        Scale-up reuses, cheapest first: a draining instance (back to active at once), a warm standby
+        (``standby_activation_s``), one provisioning for standby, then a new cold start. Scale-down
+        cancels provisioning first, then drains the least-loaded active instances (they finish their
+        requests; nothing is lost). ``warm=True`` brings new instances up already loaded, with no cold
+        start (for the starting fleet at t=0; not counted as a scale event). Returns the clamped
+        (active, standby).
+        """
+        p = self._pool_by_name.get(pool)
+        if p is None:
+            raise KeyError(f"no pool named {pool!r}")
+        if role not in p.spec.roles:
+            raise ValueError(f"pool {pool!r} has no {role!r} role (roles: {p.spec.roles})")
+        counts = p.spec.role(role)
+        want_active = min(max(int(active), counts.min), counts.max)
+        want_standby = min(max(int(standby), 0), counts.max - want_active)
+        if warm and self.now_s > 0.0:
+            raise ValueError(f"set_target(warm=True) is only for the starting fleet (now_s={self.now_s})")
+        if p.target.get(role) != (want_active, want_standby) and not warm:
+            self.scale_events.append(ScaleEvent(self.now_s, pool, role, want_active, want_standby))
+        p.target[role] = (want_active, want_standby)
+        mine = [i for i in self.instances if i.pool_index == p.index and i.role == role]
+        self._adjust_active(p, role, mine, want_active, want_standby, warm)
+        self._adjust_standby(p, role, mine, want_standby, warm)
+        return want_active, want_standby
+
+    def _adjust_active(
+        self, p: _Pool, role: str, mine: list[Instance], want: int, want_standby: int, initial: bool
+    ) -> None:
+        def heading_active(i: Instance) -> bool:
+            return i.state in ("active", "activating") or (i.state == "provisioning" and i.dest == "active")
+
+        have = sum(1 for i in mine if heading_active(i))
+        if have < want:
+            for i in sorted(mine, key=lambda i: -i.load):
+                if have >= want:
+                    break
+                if i.state == "draining":
+                    self._activate(i)
+                    have += 1
+            for i in reversed(mine):
+                if have >= want:
+                    break
+                if i.state == "standby":
+                    i.state = "activating"
+                    i.version += 1
+                    delay = float(p.profile.standby_activation_s)
+                    self._push(self.now_s + delay, _EV_READY, i.index, i.version)
+                    have += 1
+                elif i.state == "provisioning" and i.dest == "standby":
+                    i.dest = "active"
+                    have += 1
+            while have < want and self._provision(p, role, "active"):
+                if initial:
+                    self._ready_now(self.instances[-1])
+                have += 1
+        elif have > want:
+            for i in reversed(mine):
+                if have <= want:
+                    break
+                if i.state == "provisioning" and i.dest == "active":
+                    i.dest = "standby"  # _adjust_standby trims it if standby is not wanted
+                    have -= 1
+            for i in reversed(mine):
+                if have <= want:
+                    break
+                if i.state == "activating":
+                    i.state = "standby"
+                    i.version += 1
+                    have -= 1
+            for i in sorted((i for i in mine if i.state == "active"), key=lambda i: (i.load, i.instance_id)):
+                if have <= want:
+                    break
+                self._start_drain(i, "gone")
+                have -= 1
+
+    def _adjust_standby(self, p: _Pool, role: str, mine: list[Instance], want: int, initial: bool) -> None:
+        def heading_standby(i: Instance) -> bool:
+            return i.state == "standby" or (i.state in ("provisioning", "draining") and i.dest == "standby")
+
+        have = sum(1 for i in mine if heading_standby(i))
+        if have < want:
+            for i in mine:
+                if have >= want:
+                    break
+                if i.state == "draining" and i.dest == "gone":
+                    i.dest = "standby"
+                    have += 1
+            while have < want and self._provision(p, role, "standby"):
+                if initial:
+                    self._ready_now(self.instances[-1])
+                have += 1
+        elif have > want:
+            for i in reversed(mine):
+                if have <= want:
+                    break
+                if i.state == "provisioning" and i.dest == "standby":
+                    self._release(i)
+                    have -= 1
+            for i in reversed(mine):
+                if have <= want:
+                    break
+                if i.state == "standby":
+                    self._release(i)
+                    have -= 1
+                elif i.state == "draining" and i.dest == "standby":
+                    i.dest = "gone"
+                    have -= 1
+
+    # -- what the controller and the report read --------------------------------------------------------
+    def counts(self, pool: str) -> dict[str, dict[str, int]]:
+        """``{role: {state: n}}`` for the pool's roles, every state in :data:`STATES` present."""
+        p = self._pool_by_name.get(pool)
+        if p is None:
+            raise KeyError(f"no pool named {pool!r}")
+        out = {role: dict.fromkeys(STATES, 0) for role in p.spec.roles}
+        for i in self.instances:
+            if i.pool_index == p.index and i.state != "gone":
+                out[i.role][i.state] += 1
+        return out
+
+    def pending(self, pool: str) -> dict[str, int]:
+        """Requests parked at the pool's router because no instance of their role is active."""
+        p = self._pool_by_name[pool]
+        return {role: len(p.pending[role]) for role in p.spec.roles}
+
+    def gpu_seconds(self) -> float:
+        """GPUs x seconds held so far by every instance (provisioning through draining)."""
+        return self._gpu_seconds(None)
+
+    def _gpu_seconds(self, pool_index: int | None) -> float:
+        """Per node, its GPUs x the union of the intervals its instances held them."""
+        total = 0.0
+        for node, members in self._node_members.items():
+            if pool_index is not None and members[0].pool_index != pool_index:
+                continue
+            spans = sorted(
+                (i.t_alloc_s, self.now_s if math.isnan(i.t_release_s) else i.t_release_s) for i in members
+            )
+            held, reach = 0.0, -math.inf
+            for start, end in spans:
+                if end > reach:
+                    held += end - max(start, reach)
+                    reach = end
+            total += self._node_gpus[node] * held
+        return total
+
+    def unfinished(self) -> int:
+        return int(np.count_nonzero(self.req.completions == 0))
+
+    def observe(self) -> InstanceSamples:
+        """One scrape of every instance that exists now (gone ones drop out, as in Prometheus)."""
+        now = self.now_s
+        live = [i for i in self.instances if i.state != "gone"]
+        for i in live:
+            i.settle(now, self.req)
+
+        def col(f: Callable[[Instance], float]) -> np.ndarray:
+            return np.array([f(i) for i in live], dtype=np.float64)
+
+        def hist(name: str) -> Histogram:
+            hs = [getattr(i, name) for i in live]
+            bounds = hs[0].bounds if hs else ()
+            counts = (
+                np.cumsum(np.stack([h.counts for h in hs]), axis=1)
+                if hs
+                else np.zeros((0, len(bounds) + 1), dtype=np.int64)
+            )
+            return Histogram(bounds_s=bounds, counts=counts, sums=col(lambda i: getattr(i, name).sum))
+
+        return InstanceSamples(
+            now_s=now,
+            instance_ids=tuple(i.instance_id for i in live),
+            pools=tuple(i.pool for i in live),
+            roles=tuple(i.role for i in live),
+            nodes=tuple(i.node for i in live),
+            states=tuple(i.state for i in live),
+            gauges={
+                NUM_REQUESTS_RUNNING: col(lambda i: i.running),
+                NUM_REQUESTS_WAITING: col(lambda i: len(i.waiting)),
+                KV_CACHE_USAGE_PERC: col(lambda i: i.kv_usage(now)),
+            },
+            counters={
+                PROMPT_TOKENS_TOTAL: col(lambda i: i.prompt_tokens_total),
+                GENERATION_TOKENS_TOTAL: col(lambda i: i.generation_tokens(now)),
+                NUM_PREEMPTIONS_TOTAL: col(lambda i: i.preemptions_total),
+                REQUEST_SUCCESS_TOTAL: col(lambda i: i.success_total),
+                ROUTER_REQUESTS_TOTAL: col(lambda i: i.router_requests_total),
+            },
+            histograms={
+                TIME_TO_FIRST_TOKEN_SECONDS: hist("ttft"),
+                INTER_TOKEN_LATENCY_SECONDS: hist("itl"),
+                E2E_REQUEST_LATENCY_SECONDS: hist("e2e"),
+            },
+        )
+
+    def report(
+        self, *, policy: str = "", wall_s: float = math.nan, timeline: Timeline | None = None
+    ) -> ReplayReport:
+        """Summary of every request so far (see :mod:`serving.sim.report` for the definitions)."""
+        req = self.req
+        for i in self.instances:
+            i.settle(self.now_s, req)
+        done = req.completions > 0
+        ttft, itl, e2e = request_latencies_ms(req.arrival_s, req.t_first_s, req.t_done_s, req.target_arr)
+        slo_ttft = np.array([p.spec.slo_ttft_ms for p in self.pools])[req.pool]
+        slo_itl = np.array([p.spec.slo_itl_ms for p in self.pools])[req.pool]
+        met = slo_met(ttft, itl, done, slo_ttft, slo_itl)
+        pools: dict[str, dict[str, Any]] = {}
+        for p in self.pools:
+            mine = req.pool == p.index
+            pools[p.spec.name] = {
+                "profile": p.spec.profile,
+                "requests": int(mine.sum()),
+                "completed": int((done & mine).sum()),
+                "ttft_ms": percentiles(ttft[mine & done]),
+                "itl_ms": percentiles(itl[mine & done]),
+                "slo_ttft_ms": p.spec.slo_ttft_ms,
+                "slo_itl_ms": p.spec.slo_itl_ms,
+                "slo_attainment": float(met[mine].mean()) if mine.any() else math.nan,
+                "gpu_seconds": self._gpu_seconds(p.index),
+            }
+        profiles = sorted({p.spec.profile for p in self.pools})
+        return ReplayReport(
+            policy=policy,
+            profile=",".join(profiles),
+            requests=req.n,
+            completed=int(done.sum()),
+            unfinished=int(req.n - done.sum()),
+            ttft_ms=percentiles(ttft[done]),
+            itl_ms=percentiles(itl[done]),
+            e2e_ms=percentiles(e2e[done]),
+            slo_attainment=float(met.mean()) if req.n else math.nan,
+            gpu_seconds=self.gpu_seconds(),
+            scale_events=len(self.scale_events),
+            preemptions=int(req.preemptions.sum()),
+            sim_end_s=self.now_s,
+            wall_s=wall_s,
+            pools=pools,
+            arrival_s=req.arrival_s,
+            pool_index=req.pool,
+            request_ttft_ms=ttft,
+            request_itl_ms=itl,
+            timeline=timeline,
+        )

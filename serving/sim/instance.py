@@ -1,0 +1,672 @@
+"""One simulated vLLM server: continuous batching, chunked prefill, a paged KV cache, recompute preemption.
+
+Per-request state lives in a shared :class:`RequestTable` (one row per trace request). An instance runs
+*segments*:
+
+- an **iteration** (one engine step) whenever prefill work is scheduled: chunks of prompts batched with
+  one token for every decoding sequence;
+- a **decode run** (many steps at once) when only decoding sequences are scheduled: the batch is constant
+  until its first completion, the KV cache filling up, or new work arriving. New work arriving mid-run
+  truncates the run at the end of the step in progress (vLLM admits new requests at step boundaries).
+
+Decoding sequences are not touched per step. The instance counts its decode steps (``step``); a sequence
+remembers the step it joined at, so its KV length is ``ctx_at_join + step - join`` and it finishes at step
+``join + target - gen_at_join`` (a heap gives the first). The batch's summed KV length grows by the batch
+size per step, and which sequences need a new KV block at a step follows from a histogram of
+``(ctx_at_join - join) mod block_size``. A decode step's time is affine in the summed KV length for a fixed
+batch (true of the Vidur-composed model: attention costs ``a + b·batch + c·context``), so a run's step
+times are ``a + slope·k``: one latency call prices a run of any length (the slope per KV token is
+measured once per batch size), and end times, the steps done by a given time and the inter-token-latency
+histogram are closed forms.
+
+Scheduling follows vLLM's: running sequences first (one token per decoding sequence, then prefill chunks
+within ``max_num_batched_tokens``), then admission from the waiting queue in (priority, arrival) order while
+``max_num_seqs`` and KV blocks allow, strictly FCFS within a priority class (a head that does not fit blocks
+the ones behind it). When a decode step needs a KV block and none is free, the running sequence with the
+lowest priority and latest arrival is preempted by recompute: its KV is freed and it waits again, needing a
+prefill of its prompt plus the tokens it had generated.
+
+Token accounting (a request of ``target = max(output_tokens, 1)`` tokens): a prefill yields one token, each
+decode step one more, so KV length = prompt + generated - 1 while decoding. Except on a ``prefill`` instance:
+its token is not the client's (the P/D proxy drops it; see :mod:`serving.sim.engine`), so the request joins
+the decode instance with KV = prompt and 0 tokens, its first decode step yields token 1 and it decodes
+``target`` steps there (KV length = prompt + generated). Its KV blocks stay allocated on the prefill instance
+(:attr:`Instance.held`) until a decode instance admits it (:attr:`Instance.pulled` tells the simulator).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left
+from typing import Protocol
+
+import numpy as np
+
+from serving.sim.samples import E2E_BUCKETS_S, ITL_BUCKETS_S, TTFT_BUCKETS_S
+
+# Longest decode run priced at once; a run stops earlier at its first completion or a full KV cache.
+DECODE_RUN_MAX_STEPS = 4096
+
+
+class LatencyLike(Protocol):
+    """The latency model the simulator needs (serving/sim/latency.py implements it)."""
+
+    def iteration_ms(
+        self,
+        prefill_tokens: int,
+        prefill_context_tokens: int,
+        decode_batch: int,
+        decode_context_tokens: int,
+        *,
+        prefill_seqs: int = 1,
+    ) -> float: ...
+
+
+class ProfileLike(Protocol):
+    """The hardware-profile fields the simulator reads (serving/sim/hardware.py's HardwareProfile)."""
+
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def kv_bytes_per_token(self) -> int: ...
+    @property
+    def kv_capacity_tokens(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def max_num_batched_tokens(self) -> int: ...
+    @property
+    def cold_start_s(self) -> float: ...
+    @property
+    def standby_activation_s(self) -> float: ...
+    @property
+    def kv_transfer_gbps(self) -> float: ...
+    @property
+    def kv_transfer_latency_ms(self) -> float: ...
+
+
+class RequestTable:
+    """State of every request of every pool (row = request id, arrival order within a pool).
+
+    Hot scalar state is kept in Python lists (cheap to index one at a time); ``ctx`` and ``gen`` of a
+    request that is decoding are as of the step it joined its instance's batch (see the module doc).
+    """
+
+    def __init__(
+        self,
+        arrival_s: np.ndarray,
+        prompt_tokens: np.ndarray,
+        output_tokens: np.ndarray,
+        priority: np.ndarray,
+        pool: np.ndarray,
+    ) -> None:
+        n = len(arrival_s)
+        self.n = n
+        self.arrival_s = np.asarray(arrival_s, dtype=np.float64)
+        self.pool = np.asarray(pool, dtype=np.int64)
+        # A prefill always processes at least one token and yields one token.
+        self.prompt_arr = np.maximum(np.asarray(prompt_tokens, dtype=np.int64), 1)
+        self.target_arr = np.maximum(np.asarray(output_tokens, dtype=np.int64), 1)
+        self.arrival: list[float] = self.arrival_s.tolist()
+        self.prompt: list[int] = self.prompt_arr.tolist()
+        self.target: list[int] = self.target_arr.tolist()
+        self.priority: list[int] = np.asarray(priority, dtype=np.int64).tolist()
+        self.ctx: list[int] = [0] * n  # KV tokens held on the current instance
+        self.gen: list[int] = [0] * n  # tokens generated so far (streamed to the client)
+        self.prefill_left: list[int] = list(self.prompt)  # tokens still to prefill here
+        self.join: list[int] = [0] * n  # decode step of the instance when the request joined its batch
+        self.join_seq: list[int] = [0] * n  # which joining that was (tells stale finish-heap entries apart)
+        self.pool_of: list[int] = self.pool.tolist()
+        self.prompt_counted: list[bool] = [False] * n
+        # index of the prefill instance still holding the request's KV until a decode instance admits it
+        # (-1: none); see Instance.held
+        self.kv_src: list[int] = [-1] * n
+        self.t_first_s = np.full(n, np.nan)
+        self.t_done_s = np.full(n, np.nan)
+        self.preemptions = np.zeros(n, dtype=np.int64)
+        self.completions = np.zeros(n, dtype=np.int64)  # must end at exactly 1 per request
+
+    def reset_for_recompute(self, rid: int) -> None:
+        """The request lost its KV: it must prefill its prompt plus all but the last generated token."""
+        self.ctx[rid] = 0
+        self.prefill_left[rid] = self.prompt[rid] + max(self.gen[rid] - 1, 0)
+
+
+class Histogram:
+    """Per-bucket (non-cumulative) counts with Prometheus ``le`` semantics; the last bucket is +Inf."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value_s: float, weight: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value_s)] += weight
+        self.sum += value_s * weight
+
+    def observe_linear(self, first_s: float, slope_s: float, steps: int, weight: int) -> None:
+        """Observe ``first_s + slope_s·k`` for k in [0, steps), each ``weight`` times (``slope_s >= 0``)."""
+        if steps <= 0 or weight <= 0:
+            return
+        last_s = first_s + slope_s * (steps - 1)
+        lo = bisect_left(self.bounds, first_s)
+        hi = bisect_left(self.bounds, last_s)
+        self.sum += weight * (first_s * steps + slope_s * steps * (steps - 1) / 2.0)
+        if lo == hi:
+            self.counts[lo] += weight * steps
+            return
+        below = 0  # observations <= bounds[b]
+        for b in range(lo, hi):
+            upto = min(math.floor((self.bounds[b] - first_s) / slope_s) + 1, steps)
+            self.counts[b] += weight * (upto - below)
+            below = upto
+        self.counts[hi] += weight * (steps - below)
+
+
+class SegmentResult:
+    """What finishing a segment produced, for the simulator to act on."""
+
+    __slots__ = ("completed", "handoff")
+
+    def __init__(self) -> None:
+        self.completed: list[int] = []  # requests that generated their last token here
+        self.handoff: list[int] = []  # prefill role: requests whose prefill finished (KV to move)
+
+
+class Instance:
+    """A vLLM server of one role in one pool, with its lifecycle state and exported metrics."""
+
+    def __init__(
+        self,
+        index: int,
+        instance_id: str,
+        pool_index: int,
+        pool: str,
+        role: str,
+        node: str,
+        profile: ProfileLike,
+        latency: LatencyLike,
+        marked: bool,
+        now_s: float,
+        *,
+        kv_capacity_tokens: int | None = None,
+        slowdown: float = 1.0,
+    ) -> None:
+        self.index = index
+        self.instance_id = instance_id
+        self.pool_index = pool_index
+        self.pool = pool
+        self.role = role
+        self.node = node
+        self.profile = profile
+        self.latency = latency
+        self.marked = marked
+        self.gpus = int(profile.gpus)
+        self.block_size = int(profile.block_size)
+        kv_tokens = int(profile.kv_capacity_tokens) if kv_capacity_tokens is None else kv_capacity_tokens
+        self.total_blocks = kv_tokens // self.block_size
+        # PD-mixed node: the other instance of the node, and the factor this one's steps slow down by while
+        # that one is busy (only decode instances are slowed; see PoolSpec.mixed_node_slowdown)
+        self.sibling: Instance | None = None
+        self.slowdown = slowdown
+        self.max_seqs = int(profile.max_num_seqs)
+        self.max_batched = int(profile.max_num_batched_tokens)
+        # lifecycle
+        self.state = "provisioning"
+        self.dest = "active"  # provisioning: state once ready; draining: "standby" or "gone"
+        self.t_alloc_s = now_s
+        self.t_release_s = math.nan
+        self.version = 0  # bumps invalidate pending segment/lifecycle events
+        # batching
+        self.load = 0  # requests held: waiting + running (what a least-loaded router compares)
+        self.waiting: list[tuple[int, int]] = []  # heap of (priority, request id)
+        self.prefilling: list[int] = []
+        self.decoding: dict[int, None] = {}  # ordered set of decoding request ids
+        self.step = 0  # decode steps executed so far
+        self._finish: list[tuple[int, int, int]] = []  # heap of (finish step, rid, join sequence number)
+        self._joins = 0
+        self._ctx_offset_sum = 0  # sum over decoding of (ctx_at_join - join)
+        self._phase = [0] * self.block_size  # histogram of (ctx_at_join - join) mod block_size
+        self.used_blocks = 0
+        # prefill role: KV blocks kept for requests handed off, until the decode instance admits them
+        # (request id -> blocks, part of used_blocks)
+        self.held: dict[int, int] = {}
+        # decode role: requests admitted with KV from a prefill instance since the simulator last looked
+        # (it frees their blocks there)
+        self.pulled: list[int] = []
+        # decode role: requests in the segment in progress whose first step yields their first token (at
+        # _fresh_t_s, the end of that step); _seg_fresh: how many the segment started with (for the ITL)
+        self._fresh: list[int] = []
+        self._fresh_t_s = math.nan
+        self._seg_fresh = 0
+        # the segment in progress
+        self.busy = False
+        self.seg_start_s = 0.0
+        self.seg_end_s = math.nan
+        self._run = False  # True: a decode run; False: one iteration
+        self._run_steps = 0
+        self._run_batch = 0
+        self._run_first_ms = 0.0
+        self._run_slope_ms = 0.0
+        # Decode-step ms per KV token for each batch size (the model is affine in context, see module doc)
+        self._ms_per_ctx: dict[int, float] = {}
+        self._it_chunks: list[tuple[int, int]] = []
+        self._it_decode = 0
+        self._it_ms = 0.0
+        # metrics
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.preemptions_total = 0
+        self.success_total = 0
+        self.router_requests_total = 0
+        self.handoffs_total = 0  # prefill role: KV handoffs (each also sampled one discarded token)
+        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.itl = Histogram(ITL_BUCKETS_S)
+        self.e2e = Histogram(E2E_BUCKETS_S)
+
+    # -- what the router and the exporter see ------------------------------------------------------
+    @property
+    def running(self) -> int:
+        return len(self.decoding) + len(self.prefilling)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.decoding or self.prefilling or self.waiting or self.held)
+
+    def kv_usage(self, now_s: float) -> float:
+        """Fraction of KV blocks in use at ``now_s`` (a decode run's blocks counted as its steps finish)."""
+        used = self.used_blocks
+        if self.busy and self._run:
+            used += self._new_blocks(self.step, self._steps_done(now_s))
+        return used / self.total_blocks if self.total_blocks else 0.0
+
+    def generation_tokens(self, now_s: float) -> int:
+        """Counter value at ``now_s``, crediting the steps of a decode run already finished by then."""
+        if self.busy and self._run:
+            return self.generation_tokens_total + self._run_batch * self._steps_done(now_s)
+        return self.generation_tokens_total
+
+    def ctx_now(self, rid: int, req: RequestTable) -> int:
+        """KV tokens ``rid`` holds here (committed steps only)."""
+        if rid in self.decoding:
+            return req.ctx[rid] + self.step - req.join[rid]
+        return req.ctx[rid]
+
+    # -- decode-run arithmetic ---------------------------------------------------------------------------
+    def _run_ms(self, steps: int) -> float:
+        return self._run_first_ms * steps + self._run_slope_ms * steps * (steps - 1) / 2.0
+
+    def _steps_done(self, now_s: float) -> int:
+        """Steps of the current run finished at or before ``now_s``."""
+        x = (now_s - self.seg_start_s) * 1000.0
+        k = self._run_steps
+        if x <= 0.0:
+            return 0
+        if x >= self._run_ms(k):
+            return k
+        a, s = self._run_first_ms, self._run_slope_ms
+        if s <= 1e-12:
+            j = int(x // a) if a > 0 else k
+        else:
+            b = a - s / 2.0
+            j = int((-b + math.sqrt(b * b + 2.0 * s * x)) / s)
+        j = min(max(j, 0), k)
+        while j > 0 and self._run_ms(j) > x:
+            j -= 1
+        while j < k and self._run_ms(j + 1) <= x:
+            j += 1
+        return j
+
+    def _new_blocks(self, first_step: int, steps: int) -> int:
+        """KV blocks the decoding batch allocates over ``steps`` steps from ``first_step``."""
+        bs = self.block_size
+        full = steps // bs
+        total = len(self.decoding) * full
+        phase = self._phase
+        for k in range(first_step + full * bs, first_step + steps):
+            total += phase[(-k) % bs]
+        return total
+
+    def _steps_that_fit(self, steps: int, free_blocks: int) -> int:
+        """Most steps (<= ``steps``) whose new KV blocks fit in ``free_blocks``."""
+        n, bs = len(self.decoding), self.block_size
+        if n * (steps // bs + 1) <= free_blocks:
+            return steps
+        # every sequence takes exactly one new block per block_size steps: skip whole cycles that surely fit
+        cycles = min(steps // bs, max(free_blocks // n - 1, 0))
+        k, used, phase = cycles * bs, cycles * n, self._phase
+        while k < steps:
+            used += phase[(-(self.step + k)) % bs]
+            if used > free_blocks:
+                return k
+            k += 1
+        return steps
+
+    def _join_decode(self, rid: int, req: RequestTable) -> None:
+        req.join[rid] = self.step
+        self._joins += 1
+        req.join_seq[rid] = self._joins
+        offset = req.ctx[rid] - self.step
+        self._ctx_offset_sum += offset
+        self._phase[offset % self.block_size] += 1
+        self.decoding[rid] = None
+        heapq.heappush(self._finish, (self.step + req.target[rid] - req.gen[rid], rid, self._joins))
+
+    def _leave_decode(self, rid: int, req: RequestTable) -> None:
+        """Remove from the batch and write back its KV length and token count."""
+        del self.decoding[rid]
+        offset = req.ctx[rid] - req.join[rid]
+        self._ctx_offset_sum -= offset
+        self._phase[offset % self.block_size] -= 1
+        steps = self.step - req.join[rid]
+        req.ctx[rid] += steps
+        req.gen[rid] += steps
+
+    def _first_finish_step(self, req: RequestTable) -> int:
+        heap = self._finish
+        while heap:
+            step, rid, seq = heap[0]
+            if rid in self.decoding and req.join_seq[rid] == seq:
+                return step
+            heapq.heappop(heap)
+        raise AssertionError(f"{self.instance_id}: decoding batch without a finish step")
+
+    # -- work in -------------------------------------------------------------------------------------
+    def enqueue(self, rid: int, priority: int, now_s: float) -> bool:
+        """Queue a request; True when a decode run in progress was cut short (its end time moved)."""
+        heapq.heappush(self.waiting, (priority, rid))
+        self.router_requests_total += 1
+        self.load += 1
+        return self.interrupt(now_s)
+
+    def interrupt(self, now_s: float) -> bool:
+        """End a decode run in progress at its current step boundary, so that the next segment is planned
+        afresh; True when the run's end time moved."""
+        if not (self.busy and self._run):
+            return False
+        keep = min(self._steps_done(now_s) + 1, self._run_steps)
+        if keep == self._run_steps:
+            return False
+        self._run_steps = keep
+        self.seg_end_s = self.seg_start_s + self._run_ms(keep) / 1000.0
+        return True
+
+    def release_held(self, rid: int) -> None:
+        """A decode instance has pulled ``rid``'s KV: free the blocks kept for it here."""
+        self.used_blocks -= self.held.pop(rid)
+
+    def drop_held(self) -> list[int]:
+        """On failure: the requests whose KV was kept here for a pull (it is lost with the instance)."""
+        rids = list(self.held)
+        for rid in rids:
+            self.release_held(rid)
+        return rids
+
+    def evict_all(self, now_s: float, req: RequestTable) -> list[int]:
+        """On failure: every request queued or running here (not those in :attr:`held`, see
+        :meth:`drop_held`). Decode steps finished by ``now_s`` are kept (their tokens reached the client);
+        the step or iteration in progress is lost, and with it a first token not yet produced."""
+        if self.busy and self._run:
+            done = self._steps_done(now_s)
+            if done < self._run_steps:  # the run's end event, if due, has been processed already
+                self._commit_steps(done)
+                if done > 0:
+                    self._flush_first_tokens(req)
+        self._fresh = []  # the first step was not finished: no first token reached the client
+        decoding = list(self.decoding)
+        for rid in decoding:
+            self._leave_decode(rid, req)
+        rids = [rid for _, rid in self.waiting] + self.prefilling + decoding
+        self.waiting, self.prefilling, self.decoding, self._finish = [], [], {}, []
+        self.used_blocks = 0
+        self.load = 0
+        self.busy = False
+        self.version += 1
+        for rid in rids:
+            req.reset_for_recompute(rid)
+        return rids
+
+    # -- scheduling ----------------------------------------------------------------------------------
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _preempt_one(self, req: RequestTable) -> None:
+        running = [*self.decoding, *self.prefilling]
+        victim = max(running, key=lambda r: (req.priority[r], r))
+        if victim in self.decoding:
+            self._leave_decode(victim, req)
+        else:
+            self.prefilling.remove(victim)
+        self.used_blocks -= self._blocks(req.ctx[victim])
+        req.reset_for_recompute(victim)
+        req.preemptions[victim] += 1
+        self.preemptions_total += 1
+        heapq.heappush(self.waiting, (req.priority[victim], victim))
+
+    def _factor(self) -> float:
+        sibling = self.sibling
+        return self.slowdown if sibling is not None and sibling.busy and self.role == "decode" else 1.0
+
+    def _step_need(self) -> int:
+        return self._phase[(-self.step) % self.block_size] if self.decoding else 0
+
+    def schedule(self, now_s: float, req: RequestTable) -> float | None:
+        """Plan the next segment from ``now_s``; its end time, or None when there is nothing to run."""
+        bs = self.block_size
+        while True:
+            need = self._step_need()
+            while self.decoding and self.used_blocks + need > self.total_blocks:
+                self._preempt_one(req)
+                need = self._step_need()
+            free = self.total_blocks - self.used_blocks - need
+            budget = self.max_batched - len(self.decoding)
+            chunks: list[tuple[int, int]] = []
+            for rid in self.prefilling:
+                if budget <= 0:
+                    break
+                ctx = req.ctx[rid]
+                chunk = min(req.prefill_left[rid], budget)
+                nb = self._blocks(ctx + chunk) - self._blocks(ctx)
+                if nb > free:
+                    break
+                free -= nb
+                budget -= chunk
+                chunks.append((rid, chunk))
+            n_running = len(self.decoding) + len(self.prefilling)
+            waiting = self.waiting
+            while waiting and budget > 0 and n_running < self.max_seqs:
+                rid = waiting[0][1]
+                ctx = req.ctx[rid]
+                left = req.prefill_left[rid]
+                if left == 0:  # KV arrived from a prefill instance: joins the decode batch
+                    base = self._blocks(ctx)
+                    step_block = 1 if ctx % bs == 0 else 0
+                    if base + step_block > free:
+                        break
+                    heapq.heappop(waiting)
+                    free -= base + step_block
+                    need += step_block
+                    self.used_blocks += base
+                    budget -= 1
+                    self._join_decode(rid, req)
+                    if req.kv_src[rid] >= 0:
+                        self.pulled.append(rid)
+                    if math.isnan(req.t_first_s[rid]):
+                        self._fresh.append(rid)
+                else:
+                    chunk = min(left, budget)
+                    nb = self._blocks(ctx + chunk) - self._blocks(ctx)
+                    if nb > free:
+                        break
+                    heapq.heappop(waiting)
+                    free -= nb
+                    budget -= chunk
+                    self.prefilling.append(rid)
+                    chunks.append((rid, chunk))
+                n_running += 1
+            if chunks:
+                return self._start_iteration(now_s, req, chunks, need)
+            if self.decoding:
+                return self._start_decode_run(now_s, req)
+            if not self.prefilling:
+                self.busy = False
+                return None
+            # Partial prefills hold every free block and nothing decodes: free room by preemption.
+            self._preempt_one(req)
+
+    def _start_iteration(
+        self, now_s: float, req: RequestTable, chunks: list[tuple[int, int]], need: int
+    ) -> float:
+        n_dec = len(self.decoding)
+        prefill_tokens = 0
+        prefill_ctx = 0
+        for rid, chunk in chunks:
+            ctx = req.ctx[rid]
+            prefill_tokens += chunk
+            prefill_ctx += ctx
+            self.used_blocks += self._blocks(ctx + chunk) - self._blocks(ctx)
+        self.used_blocks += need
+        decode_ctx = self._ctx_offset_sum + n_dec * self.step
+        dt_ms = float(
+            self.latency.iteration_ms(
+                prefill_tokens, prefill_ctx, n_dec, decode_ctx, prefill_seqs=len(chunks)
+            )
+        )
+        self._it_chunks = chunks
+        self._it_decode = n_dec
+        self._it_ms = dt_ms
+        self._run = False
+        self.busy = True
+        self.seg_start_s = now_s
+        self.seg_end_s = now_s + dt_ms / 1000.0
+        self._seg_fresh = len(self._fresh)
+        self._fresh_t_s = self.seg_end_s
+        return self.seg_end_s
+
+    def _start_decode_run(self, now_s: float, req: RequestTable) -> float:
+        n = len(self.decoding)
+        steps = min(self._first_finish_step(req) - self.step, DECODE_RUN_MAX_STEPS)
+        steps = max(self._steps_that_fit(steps, self.total_blocks - self.used_blocks), 1)
+        ctx0 = self._ctx_offset_sum + n * self.step
+        first = float(self.latency.iteration_ms(0, 0, n, ctx0))
+        per_ctx = self._ms_per_ctx.get(n)
+        if per_ctx is None:
+            far = float(self.latency.iteration_ms(0, 0, n, ctx0 + n * 1024))
+            per_ctx = self._ms_per_ctx[n] = max((far - first) / (n * 1024), 0.0)
+        factor = self._factor()
+        first *= factor
+        slope = per_ctx * n * factor
+        self._run = True
+        self._run_steps = steps
+        self._run_batch = n
+        self._run_first_ms = first
+        self._run_slope_ms = slope
+        self.busy = True
+        self.seg_start_s = now_s
+        self.seg_end_s = now_s + self._run_ms(steps) / 1000.0
+        self._seg_fresh = len(self._fresh)
+        self._fresh_t_s = now_s + first / 1000.0
+        return self.seg_end_s
+
+    # -- finishing a segment -------------------------------------------------------------------------
+    def finish_segment(self, now_s: float, req: RequestTable) -> SegmentResult:
+        """Apply the segment that ends at ``now_s``; the caller then calls :meth:`schedule` again."""
+        self.busy = False
+        out = SegmentResult()
+        if self._run:
+            self._commit_steps(self._run_steps)
+            self._flush_first_tokens(req)
+            self._complete_decoded(now_s, req, out)
+            return out
+        if self._it_decode:
+            self.step += 1
+            self.generation_tokens_total += self._it_decode
+            self.itl.observe(self._it_ms / 1000.0, self._it_decode - self._seg_fresh)
+            self._flush_first_tokens(req)
+            self._complete_decoded(now_s, req, out)
+        self._finish_chunks(now_s, req, out)
+        return out
+
+    def _commit_steps(self, k: int) -> None:
+        """Account the first ``k`` steps of the current decode run."""
+        self.used_blocks += self._new_blocks(self.step, k)
+        self.step += k
+        self.generation_tokens_total += self._run_batch * k
+        first_s, slope_s = self._run_first_ms / 1000.0, self._run_slope_ms / 1000.0
+        # a request's first token is no inter-token gap: step 0 is not an ITL sample for the fresh ones
+        fresh = self._seg_fresh if k > 0 else 0
+        if fresh:
+            self.itl.observe_linear(first_s, slope_s, 1, self._run_batch - fresh)
+            self.itl.observe_linear(first_s + slope_s, slope_s, k - 1, self._run_batch)
+        else:
+            self.itl.observe_linear(first_s, slope_s, k, self._run_batch)
+
+    def settle(self, now_s: float, req: RequestTable) -> None:
+        """Deliver the first tokens of the segment in progress if its first step has ended by ``now_s``
+        (a decode run is priced whole; this credits its first step on time for a scrape or a report)."""
+        if self._fresh and now_s >= self._fresh_t_s:
+            self._flush_first_tokens(req)
+
+    def _flush_first_tokens(self, req: RequestTable) -> None:
+        """The segment's first step has ended: its fresh requests' first tokens reach the client."""
+        for rid in self._fresh:
+            self._first_token(rid, self._fresh_t_s, req)
+        self._fresh = []
+
+    def _complete(self, rid: int, now_s: float, req: RequestTable, out: SegmentResult) -> None:
+        req.t_done_s[rid] = now_s
+        req.completions[rid] += 1
+        self.success_total += 1
+        self.load -= 1
+        self.e2e.observe(now_s - req.arrival[rid])
+        out.completed.append(rid)
+
+    def _complete_decoded(self, now_s: float, req: RequestTable, out: SegmentResult) -> None:
+        heap = self._finish
+        while heap and heap[0][0] <= self.step:
+            _, rid, seq = heapq.heappop(heap)
+            if rid not in self.decoding or req.join_seq[rid] != seq:
+                continue
+            self._leave_decode(rid, req)
+            self.used_blocks -= self._blocks(req.ctx[rid])
+            self._complete(rid, now_s, req, out)
+
+    def _first_token(self, rid: int, now_s: float, req: RequestTable) -> None:
+        if math.isnan(req.t_first_s[rid]):
+            req.t_first_s[rid] = now_s
+            self.ttft.observe(now_s - req.arrival[rid])
+
+    def _finish_chunks(self, now_s: float, req: RequestTable, out: SegmentResult) -> None:
+        for rid, chunk in self._it_chunks:
+            req.ctx[rid] += chunk
+            req.prefill_left[rid] -= chunk
+            if req.prefill_left[rid] > 0:
+                continue
+            self.prefilling.remove(rid)
+            self.generation_tokens_total += 1
+            if not req.prompt_counted[rid]:
+                req.prompt_counted[rid] = True
+                self.prompt_tokens_total += req.prompt[rid]
+            if self.role == "prefill":
+                # The proxy sent max_tokens=1 here and drops this token; the decode instance samples the
+                # client's tokens. The KV stays here until a decode instance admits the request (pulls it).
+                self.load -= 1
+                self.held[rid] = self._blocks(req.ctx[rid])
+                req.kv_src[rid] = self.index
+                self.handoffs_total += 1
+                out.handoff.append(rid)
+                continue
+            req.gen[rid] += 1
+            if req.gen[rid] >= req.target[rid]:
+                self._first_token(rid, now_s, req)
+                self.used_blocks -= self._blocks(req.ctx[rid])
+                self._complete(rid, now_s, req, out)
+            else:
+                self._first_token(rid, now_s, req)
+                self._join_decode(rid, req)
+        self._it_chunks = []

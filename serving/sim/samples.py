@@ -1,0 +1,121 @@
+"""What the simulator exports each simulated second: per-instance samples under vLLM's metric names.
+
+The controller reads these exactly as it reads Prometheus (same names, same semantics: gauges are
+instantaneous, counters and histogram buckets cumulative since the instance started).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Gauges
+NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
+# Counters
+PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"
+GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
+NUM_PREEMPTIONS_TOTAL = "vllm:num_preemptions_total"
+REQUEST_SUCCESS_TOTAL = "vllm:request_success_total"
+# Not a vLLM metric: arrivals routed to the instance (a router-side counter, exported by pdscale's router)
+ROUTER_REQUESTS_TOTAL = "pdscale:router_requests_total"
+# Histograms (seconds)
+TIME_TO_FIRST_TOKEN_SECONDS = "vllm:time_to_first_token_seconds"
+INTER_TOKEN_LATENCY_SECONDS = "vllm:inter_token_latency_seconds"
+E2E_REQUEST_LATENCY_SECONDS = "vllm:e2e_request_latency_seconds"
+
+# vLLM's own bucket bounds (vllm/v1/metrics/loggers.py), in seconds.
+TTFT_BUCKETS_S: tuple[float, ...] = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS_S: tuple[float, ...] = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS_S: tuple[float, ...] = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+
+
+@dataclass(frozen=True, eq=False)
+class Histogram:
+    """Cumulative histogram per instance: ``counts[i, b]`` observations <= ``bounds_s[b]`` (last = +Inf)."""
+
+    bounds_s: tuple[float, ...]
+    counts: np.ndarray  # int64 [N, len(bounds_s) + 1], cumulative over buckets
+    sums: np.ndarray  # float64 [N]
+
+
+@dataclass(frozen=True, eq=False)
+class InstanceSamples:
+    """One scrape of every instance that exists at ``now_s`` (arrays aligned with ``instance_ids``)."""
+
+    now_s: float
+    instance_ids: tuple[str, ...]
+    pools: tuple[str, ...]
+    roles: tuple[str, ...]  # "prefill" | "decode" | "mixed"
+    nodes: tuple[str, ...]
+    states: tuple[str, ...]  # "provisioning" | "standby" | "active" | "draining" | "failed"
+    gauges: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 [N]
+    counters: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 [N], cumulative
+    histograms: dict[str, Histogram] = field(default_factory=dict)

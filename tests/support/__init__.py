@@ -1,0 +1,1 @@
+"""Importable helpers for tests: a real Prometheus server, an in-process Kubernetes API server."""

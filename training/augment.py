@@ -1,0 +1,155 @@
+"""Trace- and series-level augmentation for training the forecaster on traffic in general.
+
+Every function is pure: it takes a ``Trace`` (or an array) and a ``numpy.random.Generator`` and returns a
+new value; nothing is modified in place. Augmentations are applied to the *training* part of a trace only
+(see ``training.data.split_trace``), so nothing of the validation or test period leaks into training.
+
+- ``time_scale``: replay a trace faster or slower (rates scale by ``speed``, bursts get shorter/longer).
+- ``thin`` / ``rate_scale``: scale the arrival rate while keeping the shape of the traffic (independent
+  thinning below 1, superposition of circularly shifted copies above 1).
+- ``superpose``: merge several traces into one node's traffic.
+- ``scale_tokens``: multiply prompt/output lengths by a random factor (other models, other users).
+- ``mask_channels``: hide whole channels or stretches of time (metrics outages, missing exporters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from serving.workload.trace import Trace
+
+
+def time_scale(trace: Trace, speed: float) -> Trace:
+    """The same requests replayed ``speed`` times faster (``speed`` 2: twice the rate, half the span)."""
+    if not np.isfinite(speed) or speed <= 0:
+        raise ValueError(f"time_scale: speed must be a finite number > 0, got {speed!r}")
+    return _with_arrivals(trace, trace.arrival_s / speed, np.arange(len(trace)))
+
+
+def thin(trace: Trace, keep_prob: float, rng: np.random.Generator) -> Trace:
+    """Keep each request independently with probability ``keep_prob`` (a thinned point process)."""
+    if not 0.0 <= keep_prob <= 1.0:
+        raise ValueError(f"thin: keep_prob must be in [0, 1], got {keep_prob!r}")
+    keep = rng.random(len(trace)) < keep_prob
+    return trace.take(np.flatnonzero(keep))
+
+
+def superpose(traces: Sequence[Trace], offsets_s: Sequence[float] | None = None) -> Trace:
+    """One trace holding every request of ``traces``, each shifted by its offset, in arrival order."""
+    if not traces:
+        raise ValueError("superpose: needs at least one trace")
+    offsets = [0.0] * len(traces) if offsets_s is None else list(offsets_s)
+    if len(offsets) != len(traces):
+        raise ValueError(f"superpose: {len(traces)} traces but {len(offsets)} offsets")
+    arrival = np.concatenate([t.arrival_s + off for t, off in zip(traces, offsets, strict=True)])
+    order = np.argsort(arrival, kind="stable")
+    prompt = np.concatenate([t.prompt_tokens for t in traces])[order]
+    output = np.concatenate([t.output_tokens for t in traces])[order]
+    priority = np.concatenate([t.priority for t in traces])[order]
+    base = Trace.from_arrays(
+        arrival[order],
+        prompt,
+        output,
+        priority=priority,
+        source=" + ".join(t.source for t in traces),
+        format="synthetic",
+    )
+    return base
+
+
+def circular_shift(trace: Trace, shift_s: float) -> Trace:
+    """Rotate a trace in time over its own span: what falls past the end wraps round to the start."""
+    span_s = trace.duration_s + 1.0
+    arrival = (
+        np.mod(trace.arrival_s - trace.arrival_s[0] + shift_s, span_s) if len(trace) else trace.arrival_s
+    )
+    order = np.argsort(arrival, kind="stable")
+    return _with_arrivals(trace, arrival[order], order)
+
+
+def rate_scale(trace: Trace, factor: float, rng: np.random.Generator) -> Trace:
+    """The trace's traffic at ``factor`` times its rate, same time span.
+
+    Below 1: independent thinning. Above 1: ``floor(factor)`` copies, each circularly shifted by a random
+    offset, plus one copy thinned to the fractional part. Copies keep the trace's burst shapes but put
+    them at new times, so bursts are not simply made taller.
+    """
+    if not np.isfinite(factor) or factor <= 0:
+        raise ValueError(f"rate_scale: factor must be a finite number > 0, got {factor!r}")
+    if factor <= 1.0:
+        return thin(trace, factor, rng)
+    whole, frac = int(np.floor(factor)), float(factor - np.floor(factor))
+    span_s = trace.duration_s + 1.0
+    copies = [trace] + [circular_shift(trace, float(rng.uniform(0, span_s))) for _ in range(whole - 1)]
+    if frac > 0:
+        copies.append(thin(circular_shift(trace, float(rng.uniform(0, span_s))), frac, rng))
+    return superpose(copies)
+
+
+def scale_tokens(trace: Trace, prompt_factor: float, output_factor: float) -> Trace:
+    """Prompt and output lengths multiplied by the given factors (rounded, at least 1 token)."""
+    for name, value in (("prompt_factor", prompt_factor), ("output_factor", output_factor)):
+        if not np.isfinite(value) or value <= 0:
+            raise ValueError(f"scale_tokens: {name} must be a finite number > 0, got {value!r}")
+    return Trace(
+        arrival_s=trace.arrival_s,
+        prompt_tokens=np.maximum(1, np.rint(trace.prompt_tokens * prompt_factor)).astype(np.int64),
+        output_tokens=np.maximum(1, np.rint(trace.output_tokens * output_factor)).astype(np.int64),
+        priority=trace.priority,
+        model=trace.model,
+        failed=trace.failed,
+        model_names=trace.model_names,
+        start_time=trace.start_time,
+        source=trace.source,
+        format=trace.format,
+    )
+
+
+@dataclass(frozen=True)
+class MaskingConfig:
+    """How often inputs are hidden during training, so the model copes with missing metrics.
+
+    ``channel_prob``: each channel of a sequence is hidden entirely with this probability (an exporter
+    that is not there). ``gap_prob``: a sequence gets one outage, all channels hidden, lasting
+    ``gap_len_s`` (a scrape failure). Defaults are small: the model should mostly see its inputs.
+    """
+
+    channel_prob: float = 0.1
+    gap_prob: float = 0.2
+    gap_len_s: tuple[int, int] = (2, 30)
+
+
+def mask_channels(values: np.ndarray, rng: np.random.Generator, config: MaskingConfig) -> np.ndarray:
+    """A copy of ``values`` (``[T, C]``, NaN = unknown) with random channels and one random gap set to NaN."""
+    if values.ndim != 2:
+        raise ValueError(f"mask_channels: values must be [T, C], got shape {values.shape}")
+    out = values.copy()
+    n_t, n_c = values.shape
+    hide = rng.random(n_c) < config.channel_prob
+    out[:, hide] = np.nan
+    if n_t > 0 and rng.random() < config.gap_prob:
+        lo, hi = config.gap_len_s
+        gap = int(rng.integers(lo, hi + 1))
+        start = int(rng.integers(0, max(1, n_t - gap)))
+        out[start : start + gap, :] = np.nan
+    return out
+
+
+def _with_arrivals(trace: Trace, arrival_s: np.ndarray, order: np.ndarray) -> Trace:
+    """``trace`` with rows reordered by ``order`` and new arrival times (already in that order)."""
+    taken = trace.take(order)
+    return Trace(
+        arrival_s=np.asarray(arrival_s, dtype=np.float64),
+        prompt_tokens=taken.prompt_tokens,
+        output_tokens=taken.output_tokens,
+        priority=taken.priority,
+        model=taken.model,
+        failed=taken.failed,
+        model_names=taken.model_names,
+        start_time=taken.start_time,
+        source=taken.source,
+        format=taken.format,
+    )

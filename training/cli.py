@@ -1,0 +1,377 @@
+"""``train-forecaster``: fit the LSTM+attention load forecaster, evaluate it, export inference checkpoints.
+
+Heavy imports (torch, lightning) happen inside the commands, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="train-forecaster",
+    help=(
+        "Train and export the LSTM+attention forecaster of per-node load (next 5 s) and burst onsets.\n\n"
+        "Typical run: fit on request traces (time-ordered split, the last 30 % held out), then evaluate "
+        "the checkpoint on the held-out part.\n\n"
+        "Example: train-forecaster fit --trace datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv "
+        "--out runs/code --epochs 10"
+    ),
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_show_locals=False,
+)
+console = Console(stderr=True)
+
+DEFAULT_CHECKPOINT = (
+    Path(__file__).resolve().parents[1] / "forecaster" / "checkpoints" / "forecaster.safetensors"
+)
+
+
+def _parse_end_s(text: str | None) -> float:
+    """``None`` → now; a number → Unix seconds; otherwise an ISO 8601 time (UTC when no zone is given)."""
+    if text is None:
+        return time.time()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as e:
+        raise typer.BadParameter(
+            f"--end {text!r}: give Unix seconds or an ISO time (2026-11-29T10:00:00Z)"
+        ) from e
+    if when.tzinfo is None:
+        from datetime import UTC
+
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+def _synthetic_fn() -> Any:
+    """The workload generator's bursty MMPP traffic as ``(rng, duration_s) -> Trace``."""
+    from training.synthetic import bursty_synthetic
+
+    return bursty_synthetic
+
+
+@app.command("fit")
+def fit_cmd(
+    trace: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--trace", help="Request trace file (repeatable): Azure CSV, Mooncake JSONL, BurstGPT CSV."
+        ),
+    ] = None,
+    fmt: Annotated[
+        str | None, typer.Option("--format", help="Trace format; detected from the file when omitted.")
+    ] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option("--prometheus", help="Prometheus URL to read per-node vLLM metric history from."),
+    ] = None,
+    range_: Annotated[
+        str, typer.Option("--range", help="History to read from Prometheus, ending at --end: 90m, 6h, 7d.")
+    ] = "7d",
+    step: Annotated[
+        str, typer.Option("--step", help="Resolution of the Prometheus history (the model's step).")
+    ] = "1s",
+    end: Annotated[
+        str | None,
+        typer.Option("--end", help="End of the Prometheus range: Unix seconds or ISO time; default now."),
+    ] = None,
+    node_label: Annotated[
+        str, typer.Option("--node-label", help="Prometheus label that names a node.")
+    ] = "node",
+    query_timeout_s: Annotated[
+        float, typer.Option("--query-timeout-s", help="Timeout of each range query chunk.")
+    ] = 60.0,
+    out: Annotated[
+        Path, typer.Option("--out", help="Run directory: Lightning logs and checkpoints go here.")
+    ] = Path("runs"),
+    epochs: Annotated[int, typer.Option(help="Maximum epochs (early stopping may end sooner).")] = 30,
+    window: Annotated[int, typer.Option(help="Attention window, in steps (seconds).")] = 60,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Training sequence length in steps.")] = 512,
+    burn_in: Annotated[int, typer.Option("--burn-in", help="Unscored first steps of each sequence.")] = 64,
+    batch_size: Annotated[int, typer.Option("--batch-size")] = 32,
+    windows_per_epoch: Annotated[
+        int, typer.Option("--windows-per-epoch", help="Random sequences drawn per epoch.")
+    ] = 512,
+    hidden: Annotated[int, typer.Option(help="LSTM hidden size.")] = 64,
+    layers: Annotated[int, typer.Option(help="LSTM layers.")] = 2,
+    heads: Annotated[int, typer.Option(help="Attention heads (must divide --hidden).")] = 4,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 3e-3,
+    horizon_s: Annotated[
+        int, typer.Option("--horizon-s", help="Forecast horizon: totals over the next N seconds.")
+    ] = 5,
+    burst_lead_s: Annotated[
+        int, typer.Option("--burst-lead-s", help="Burst label starts this many s before an onset.")
+    ] = 3,
+    burst_after_s: Annotated[
+        int, typer.Option("--burst-after-s", help="...and ends this many s after it.")
+    ] = 2,
+    holdout_frac: Annotated[
+        float, typer.Option("--holdout-frac", help="Last fraction of each source held out (never read).")
+    ] = 0.3,
+    val_frac: Annotated[
+        float, typer.Option("--val-frac", help="Fraction before the hold-out used for validation.")
+    ] = 0.1,
+    copies: Annotated[
+        int, typer.Option(help="Augmented copies of each training trace (time/rate/token scaling).")
+    ] = 12,
+    synthetic: Annotated[
+        int, typer.Option(help="Synthetic bursty traces (workload generator) added to training.")
+    ] = 8,
+    synthetic_duration_s: Annotated[float, typer.Option("--synthetic-duration-s")] = 1800.0,
+    patience: Annotated[int, typer.Option(help="Early-stopping patience in epochs.")] = 6,
+    seed: Annotated[
+        int, typer.Option(help="Seed of everything (splits are by time; augmentation and init use it).")
+    ] = 0,
+    accelerator: Annotated[str, typer.Option(help="cpu, gpu, auto (GPU when present).")] = "auto",
+    devices: Annotated[
+        str, typer.Option(help="Number of devices or 'auto' (several GPUs: use --strategy ddp).")
+    ] = "auto",
+    strategy: Annotated[str, typer.Option(help="Lightning strategy: auto, ddp, ...")] = "auto",
+    max_minutes: Annotated[
+        float | None, typer.Option("--max-minutes", help="Stop training after this wall time.")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    checkpoint_out: Annotated[
+        Path | None, typer.Option("--checkpoint-out", help="Also copy the inference checkpoint to this path.")
+    ] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the run summary as JSON here.")
+    ] = None,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Continue an earlier run of the same command from its Lightning .ckpt (e.g. last.ckpt)."
+        ),
+    ] = None,
+) -> None:
+    """Fit the forecaster on request traces and/or Prometheus history; write an inference checkpoint.
+
+    Every source is split by time: the last --holdout-frac is never read (keep it for `evaluate`), the
+    --val-frac before it is validation (early stopping, best epoch). Augmentation (time/rate/token
+    scaling, superposition, synthetic bursts, channel masking) only sees the training part. Normalisation
+    statistics come from the training part only.
+
+    Writes OUT/forecaster.safetensors (weights + schema + normaliser + horizon + data summary) and
+    OUT/lightning/ (CSV logs, best .ckpt).
+
+    Examples:
+
+      train-forecaster fit --trace datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv
+        --trace datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.csv --out runs/azure --epochs 20
+
+      train-forecaster fit --prometheus http://127.0.0.1:9090 --range 7d --step 1s --out runs/prod
+    """
+    import shutil
+
+    import numpy as np
+
+    from serving.workload.readers import read_trace
+    from training.augment import MaskingConfig
+    from training.data import sha256_file
+    from training.datamodule import WindowConfig
+    from training.fit import (
+        AugmentConfig,
+        FrameSource,
+        LabelConfig,
+        TraceSource,
+        TrainerConfig,
+        build_series,
+        fit_forecaster,
+    )
+    from training.prometheus_history import connect, load_prometheus_history, parse_duration_s
+
+    if not trace and prometheus is None and synthetic == 0:
+        raise typer.BadParameter("give at least one --trace FILE, --prometheus URL, or --synthetic N > 0")
+    sources = []
+    for path in trace or []:
+        if not path.is_file():
+            raise typer.BadParameter(f"--trace {path}: no such file")
+        tr = read_trace(path, fmt)
+        sources.append(TraceSource(name=str(path), trace=tr, sha256=sha256_file(path)))
+        console.print(
+            f"[green]read[/] {path}: {len(tr):,} requests over {tr.duration_s:,.0f} s ({tr.format})"
+        )
+    frames = []
+    if prometheus is not None:
+        step_s = parse_duration_s(step)
+        range_s = parse_duration_s(range_)
+        end_s = _parse_end_s(end)
+        client = connect(prometheus, query_timeout_s)
+        frame = load_prometheus_history(
+            client,
+            end_s=end_s,
+            range_s=range_s,
+            step_s=step_s,
+            node_label=node_label,
+            timeout_s=query_timeout_s,
+            progress=lambda m: console.print(f"[dim]query[/] {m}"),
+        )
+        if not frame.node_ids:
+            raise typer.BadParameter(
+                f"--prometheus {prometheus}: no vLLM series with label {node_label!r} in the last {range_}"
+            )
+        console.print(
+            f"[green]read[/] {prometheus}: {len(frame.node_ids)} nodes × {len(frame.times_s):,} steps"
+        )
+        frames.append(FrameSource(name=prometheus, frame=frame))
+    labels = LabelConfig(
+        horizon_s=horizon_s,
+        lead_s=burst_lead_s,
+        after_s=burst_after_s,
+        holdout_frac=holdout_frac,
+        val_frac=val_frac,
+    )
+    masking = MaskingConfig()
+    augment = AugmentConfig(
+        copies_per_source=copies,
+        synthetic_traces=synthetic,
+        synthetic_duration_s=synthetic_duration_s,
+        masking=masking,
+    )
+    series = build_series(
+        sources,
+        frames,
+        labels=labels,
+        augment=augment,
+        synthetic=_synthetic_fn() if synthetic > 0 else None,
+        seed=seed,
+    )
+    s = series.summary
+    console.print(
+        f"training: {s['train_series']} series, {s['train_steps']:,} steps, {s['train_onsets']} burst onsets; "
+        f"validation: {s['val_series']} series, {s['val_steps']:,} steps, {s['val_onsets']} onsets"
+    )
+    result = fit_forecaster(
+        series,
+        out,
+        window=WindowConfig(
+            seq_len=seq_len,
+            burn_in=burn_in,
+            batch_size=batch_size,
+            windows_per_epoch=windows_per_epoch,
+            seed=seed,
+        ),
+        net_hidden=hidden,
+        net_layers=layers,
+        net_heads=heads,
+        net_window=window,
+        lr=lr,
+        trainer=TrainerConfig(
+            max_epochs=epochs,
+            max_minutes=max_minutes,
+            patience=patience,
+            accelerator=accelerator,
+            devices=devices,
+            strategy=strategy,
+            progress=not quiet,
+            num_threads=threads,
+        ),
+        masking=masking,
+        horizon_s=float(horizon_s),
+        log=lambda m: console.print(m),
+        resume=resume,
+    )
+    if checkpoint_out is not None:
+        checkpoint_out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(result.checkpoint, checkpoint_out)
+        console.print(f"[green]copied[/] checkpoint to {checkpoint_out}")
+    table = Table(title="train-forecaster fit")
+    table.add_column("field")
+    table.add_column("value")
+    for k, v in (
+        ("checkpoint", str(result.checkpoint)),
+        ("model_version", result.model_version),
+        ("epochs", str(result.epochs)),
+        ("best val_loss", f"{result.best_val_loss:.4f}"),
+        (
+            "train windows/s",
+            f"{result.train_windows_per_s:,.0f}" if np.isfinite(result.train_windows_per_s) else "-",
+        ),
+        ("wall", f"{result.wall_s:,.1f} s"),
+    ):
+        table.add_row(k, v)
+    Console().print(table)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(
+            json.dumps(
+                {
+                    "checkpoint": str(result.checkpoint),
+                    "lightning_ckpt": str(result.lightning_ckpt) if result.lightning_ckpt else None,
+                    "model_version": result.model_version,
+                    "epochs": result.epochs,
+                    "best_val_loss": result.best_val_loss,
+                    "train_windows_per_s": result.train_windows_per_s,
+                    "wall_s": result.wall_s,
+                    "summary": result.summary,
+                },
+                indent=2,
+                allow_nan=False,
+                default=str,
+            )
+        )
+
+
+@app.command("export")
+def export_cmd(
+    checkpoint: Annotated[
+        Path,
+        typer.Option("--checkpoint", help="Lightning .ckpt written by `fit` (OUT/lightning/checkpoints/)."),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Inference checkpoint to write (.safetensors).")],
+) -> None:
+    """Write the small inference checkpoint (safetensors + metadata) from a Lightning .ckpt.
+
+    The .ckpt must come from `train-forecaster fit` (its hyper-parameters carry the feature schema,
+    normaliser, horizon and data summary). Loaded with torch.load(weights_only=True): no pickle code runs.
+
+    Example: train-forecaster export --checkpoint runs/azure/lightning/checkpoints/last.ckpt --out model.safetensors
+    """
+    from training.export import export_lightning_checkpoint
+
+    version = export_lightning_checkpoint(checkpoint, out)
+    Console().print(f"wrote {out} (model_version {version})")
+
+
+try:
+    from training.evaluate import evaluate_cmd
+except ModuleNotFoundError as _missing:
+    if _missing.name != "training.evaluate":
+        raise
+
+    @app.command("evaluate")
+    def evaluate_unavailable() -> None:
+        """Evaluate a checkpoint on held-out traffic (not available yet in this build).
+
+        Example: train-forecaster evaluate --checkpoint forecaster/checkpoints/forecaster.safetensors
+        """
+        console.print(
+            "[red]train-forecaster evaluate is not available yet: training/evaluate.py is missing[/]"
+        )
+        raise typer.Exit(code=2)
+
+else:
+    app.command("evaluate")(evaluate_cmd)
+
+
+def main() -> None:
+    """Console-script entry point (``train-forecaster``)."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Lightning data module: long per-node sequences cut from time-ordered training and validation series.
+
+Training draws ``windows_per_epoch`` random windows of ``seq_len`` steps (a new draw each epoch, seeded
+from ``seed`` and the epoch), with random channel masking and a random time of day (trace files cover a
+few minutes of one day: the model must not learn that 18:20 UTC means bursts). Validation uses fixed
+windows, ``seq_len - burn_in`` apart, so every validation step after the first burn-in is scored once;
+no masking, no augmentation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from forecaster.features import DEFAULT_SCHEMA, FeatureSchema, Normalizer, encode_inputs
+from training.augment import MaskingConfig, mask_channels
+from training.data import NodeSeries, cut_window, window_starts
+
+_DAY_S = 86_400.0
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    """Shape of the training sequences.
+
+    ``seq_len``: steps per sequence (512 s: long enough for the LSTM to settle and see several bursts).
+    ``burn_in``: first steps of each sequence not scored (the LSTM state is still warming up).
+    ``windows_per_epoch``: random training sequences drawn per epoch. ``batch_size``: sequences per step.
+    """
+
+    seq_len: int = 512
+    burn_in: int = 64
+    batch_size: int = 32
+    windows_per_epoch: int = 512
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.seq_len < 2:
+            problems.append(f"seq_len must be >= 2, got {self.seq_len}")
+        if not 0 <= self.burn_in < self.seq_len:
+            problems.append(f"burn_in must be in [0, seq_len), got {self.burn_in} (seq_len {self.seq_len})")
+        if self.batch_size < 1:
+            problems.append(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.windows_per_epoch < 1:
+            problems.append(f"windows_per_epoch must be >= 1, got {self.windows_per_epoch}")
+        if problems:
+            raise ValueError("WindowConfig: " + "; ".join(problems))
+
+
+class SequenceDataset(Dataset[dict[str, torch.Tensor]]):
+    """Windows ``(series, start)`` of a list of node series, encoded for the network.
+
+    Item: ``x`` float32 ``[L, F_in]``, ``y`` float32 ``[L, K]`` normalised targets (NaN = not scored),
+    ``burst`` float32 ``[L]`` (NaN = not scored). With ``masking``, item ``i`` of epoch ``e`` hides
+    channels drawn from ``rng(seed, e, i)``, so a run is reproducible.
+    """
+
+    def __init__(
+        self,
+        series: Sequence[NodeSeries],
+        starts: np.ndarray,
+        *,
+        seq_len: int,
+        normalizer: Normalizer,
+        schema: FeatureSchema = DEFAULT_SCHEMA,
+        masking: MaskingConfig | None = None,
+        random_time_of_day: bool = False,
+        seed: int = 0,
+        epoch: int = 0,
+    ) -> None:
+        self.series = list(series)
+        self.starts = np.asarray(starts, dtype=np.int64).reshape(-1, 2)
+        self.seq_len = seq_len
+        self.normalizer = normalizer
+        self.schema = schema
+        self.masking = masking
+        self.random_time_of_day = random_time_of_day
+        self.seed = seed
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        s_idx, start = (int(v) for v in self.starts[i])
+        series = self.series[s_idx]
+        x_raw, totals, burst = cut_window(series, start, self.seq_len)
+        rng = np.random.default_rng([self.seed, self.epoch, i])
+        if self.masking is not None:
+            x_raw = mask_channels(x_raw, rng, self.masking)
+        t0 = float(rng.uniform(0, _DAY_S)) if self.random_time_of_day else series.t0_unix_s
+        if not np.isfinite(t0):
+            t0 = 0.0  # unknown wall time: midnight (time features carry no information then)
+        times = t0 + start * self.schema.step_s + self.schema.step_s * np.arange(self.seq_len)
+        x = encode_inputs(x_raw, np.isfinite(x_raw), self.normalizer, times, self.schema)
+        y = self.normalizer.normalize_targets(totals).astype(np.float32)
+        return {"x": torch.from_numpy(x), "y": torch.from_numpy(y), "burst": torch.from_numpy(burst)}
+
+
+def random_starts(lengths: Sequence[int], seq_len: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` random ``(series, start)`` pairs; a series is drawn in proportion to its usable length."""
+    if not lengths:
+        raise ValueError("random_starts: no series to draw from")
+    usable = np.array([max(1, n_t - seq_len + 1) for n_t in lengths], dtype=np.float64)
+    which = rng.choice(len(lengths), size=n, p=usable / usable.sum())
+    starts = np.floor(rng.random(n) * usable[which]).astype(np.int64)
+    return np.stack([which.astype(np.int64), starts], axis=1)
+
+
+def fit_normalizer(series: Sequence[NodeSeries], schema: FeatureSchema = DEFAULT_SCHEMA) -> Normalizer:
+    """Normalisation statistics of the given (training) series only."""
+    if not series:
+        raise ValueError("fit_normalizer: no training series")
+    x = np.concatenate([s.x_raw for s in series]).astype(np.float64)
+    totals = np.concatenate([s.totals for s in series]).astype(np.float64)
+    return Normalizer.fit(x, np.isfinite(x), totals, schema=schema)
+
+
+class ForecastDataModule(L.LightningDataModule):
+    """Training and validation sequences for :class:`training.module.ForecastModule`.
+
+    ``train`` and ``val`` are already split by time (see ``training.data.split_trace``); the normaliser
+    must have been fitted on ``train`` only (``fit_normalizer``).
+    """
+
+    def __init__(
+        self,
+        train: Sequence[NodeSeries],
+        val: Sequence[NodeSeries],
+        normalizer: Normalizer,
+        config: WindowConfig = WindowConfig(),
+        *,
+        schema: FeatureSchema = DEFAULT_SCHEMA,
+        masking: MaskingConfig | None = MaskingConfig(),
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if not train:
+            raise ValueError("ForecastDataModule: no training series")
+        self.train_series = list(train)
+        self.val_series = list(val)
+        self.normalizer = normalizer
+        self.config = config
+        self.schema = schema
+        self.masking = masking
+        self.num_workers = num_workers
+
+    def _epoch(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return int(trainer.current_epoch) if trainer is not None else 0
+
+    def train_dataset(self, epoch: int) -> SequenceDataset:
+        """The random windows of ``epoch`` (deterministic given the seed)."""
+        rng = np.random.default_rng([self.config.seed, epoch, 7])
+        starts = random_starts(
+            [len(s) for s in self.train_series], self.config.seq_len, self.config.windows_per_epoch, rng
+        )
+        return SequenceDataset(
+            self.train_series,
+            starts,
+            seq_len=self.config.seq_len,
+            normalizer=self.normalizer,
+            schema=self.schema,
+            masking=self.masking,
+            random_time_of_day=True,
+            seed=self.config.seed,
+            epoch=epoch,
+        )
+
+    def val_dataset(self) -> SequenceDataset:
+        """Fixed windows over the validation series, each scored step once."""
+        stride = self.config.seq_len - self.config.burn_in
+        starts = window_starts([len(s) for s in self.val_series], self.config.seq_len, stride)
+        return SequenceDataset(
+            self.val_series,
+            starts,
+            seq_len=self.config.seq_len,
+            normalizer=self.normalizer,
+            schema=self.schema,
+            masking=None,
+            random_time_of_day=False,
+            seed=self.config.seed,
+        )
+
+    def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
+        return DataLoader(
+            self.train_dataset(self._epoch()),
+            batch_size=self.config.batch_size,
+            shuffle=False,  # the windows are already a random draw
+            num_workers=self.num_workers,
+            persistent_workers=False,
+        )
+
+    def val_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:
+        if not self.val_series:
+            return DataLoader(_Empty(), batch_size=1)
+        return DataLoader(self.val_dataset(), batch_size=self.config.batch_size, num_workers=self.num_workers)
+
+
+class _Empty(Dataset[Any]):
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, i: int) -> Any:
+        raise IndexError(i)
