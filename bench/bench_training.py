@@ -69,7 +69,7 @@ def main() -> None:
     data_s = time.perf_counter() - t
 
     module = ForecastModule.create(
-        NetConfig(n_inputs=DEFAULT_SCHEMA.n_inputs), OptimConfig(burn_in=cfg.burn_in)
+        NetConfig(n_inputs=DEFAULT_SCHEMA.n_inputs), OptimConfig(burn_in=cfg.burn_in, has_val=False)
     )
     opt = torch.optim.AdamW(module.parameters(), lr=3e-3)
 
@@ -89,7 +89,7 @@ def main() -> None:
     step_s = float(np.sum(per_step_s))
 
     module = ForecastModule.create(
-        NetConfig(n_inputs=DEFAULT_SCHEMA.n_inputs), OptimConfig(burn_in=cfg.burn_in)
+        NetConfig(n_inputs=DEFAULT_SCHEMA.n_inputs), OptimConfig(burn_in=cfg.burn_in, has_val=False)
     )
     trainer = L.Trainer(
         max_epochs=1,

@@ -7,7 +7,7 @@ component receives only its own slice (the policy gets a ``PolicyConfig``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -21,7 +21,10 @@ class ConfigError(ValueError):
 
 class PolicyConfig(BaseModel):
     """Parameters of the predictive policy for one pool. Defaults come from the seed articles where they
-    give one (claims, not measurements: tune them with ``pdscale tune``)."""
+    give one (claims, not measurements: tune them with ``pdscale tune``). Fields added after the seed
+    (``standby_sizing``, ``provision_lead_s``, ``max_scale_down_fraction_per_min``) ship defaults chosen by
+    the side-by-side replays of ``bench/bench_policies.py``; setting them to 'flat', 0 and 0 gives the seed's
+    policy back."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -31,8 +34,22 @@ class PolicyConfig(BaseModel):
     buffer_multiplier: float = Field(
         2.0, ge=0.0, le=10.0, description="decode sequence capacity reserved, × current load (seed: 2.0)"
     )
-    standby_prefill: int = Field(0, ge=0, le=64, description="warm-standby prefill replicas")
-    standby_decode: int = Field(2, ge=0, le=64, description="warm-standby decode replicas (seed: 2)")
+    standby_prefill: int = Field(
+        0, ge=0, le=64, description="warm-standby prefill replicas (at most, see standby_sizing)"
+    )
+    standby_decode: int = Field(
+        2, ge=0, le=64, description="warm-standby decode replicas (seed: 2; at most, see standby_sizing)"
+    )
+    standby_sizing: Literal["uncertainty", "flat"] = Field(
+        "uncertainty",
+        description=(
+            "'flat': always the standby_* counts (the seed's rule); 'uncertainty' (shipped default): the standby_*"
+            " counts are a maximum and each role keeps only the instances a burst at the forecast's spread"
+            " ((p90 - p50) / p90 over the p90 need) would need beyond the active target, held like active"
+            " replicas for max(scale_down_delay_s, provision_lead_s) before it falls. Measured on Azure conv: a"
+            " flat 2 decode standby was ~2 of the ~5 GPUs held (bench/bench_policies.py, docs/BENCHMARKS.md)"
+        ),
+    )
     burst_threshold: float = Field(
         0.5, gt=0.0, le=1.0, description="burst probability that promotes the standby replicas"
     )
@@ -49,11 +66,34 @@ class PolicyConfig(BaseModel):
         le=3600.0,
         description="seconds to go from min to max replicas by scale-up (seed: 120 s)",
     )
+    provision_lead_s: float = Field(
+        120.0,
+        ge=0.0,
+        le=3600.0,
+        description=(
+            "seconds from asking for a cold instance to its serving (the profile's cold start; llama3-8b/a100:"
+            " 120 s): a rising trend is projected this far ahead, and a queue beyond the warm instances is"
+            " cleared over it rather than by starting capacity that arrives too late (0 = size for now)"
+        ),
+    )
     scale_down_delay_s: float = Field(
         60.0, ge=0.0, le=86400.0, description="no scale-down until the target has been lower for this long"
     )
     max_scale_down_per_min: float = Field(
-        4.0, gt=0.0, le=1000.0, description="replicas per role removed per minute at most"
+        4.0,
+        gt=0.0,
+        le=1000.0,
+        description="replicas per role removed per minute at most (a floor, see below)",
+    )
+    max_scale_down_fraction_per_min: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "or this fraction of the role's replicas per minute, whichever is more (0 = the flat limit only, the"
+            " seed's behaviour). Measured: a flat 4/min held a 64-instance pool ~15 min after a 2-min burst"
+            " (bench/bench_policies.py); the scale-down delay already ignores dips, so large pools shed in ~2 min"
+        ),
     )
     tolerance: float = Field(0.0, ge=0.0, lt=1.0, description="relative change ignored (no flapping)")
     pd_ratio_min: float = Field(0.0, ge=0.0, description="lower bound of prefill:decode (0 = none)")

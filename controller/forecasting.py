@@ -7,11 +7,15 @@ every other policy start without it.
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 import forecaster
 from forecaster.baselines import Holt
-from forecaster.types import Forecaster
+from forecaster.types import CHANNELS, ForecastBatch, Forecaster
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,35 @@ def load_default_forecaster(path: Path | None = None) -> Forecaster:
         log.warning("cannot load the learned forecaster (%s): falling back to the Holt baseline", exc)
         return Holt()
     try:
-        return LearnedForecaster.load(ckpt, num_threads=1)
+        learned = LearnedForecaster.load(ckpt, num_threads=1)
     except (CheckpointError, ValueError) as exc:
         log.warning("forecaster checkpoint %s unusable (%s): falling back to the Holt baseline", ckpt, exc)
         return Holt()
+    trained = trained_channels(learned.normalizer.channels, learned.normalizer.mean, learned.normalizer.std)
+    if len(trained) < len(CHANNELS):
+        log.info("forecaster %s was trained on %s only: the other channels are masked", ckpt.name, trained)
+        return ChannelSubset(learned, trained)
+    return learned
+
+
+def trained_channels(channels: Sequence[str], mean: Sequence[float], std: Sequence[float]) -> tuple[str, ...]:
+    """Channels whose normalisation was fitted on observed data. A channel never observed in training keeps
+    the identity statistics (mean 0, std 1) — values the network has never seen would push it off its
+    training distribution, so they are better masked (read as unknown) than fed in."""
+    return tuple(c for c, m, sd in zip(channels, mean, std, strict=True) if not (m == 0.0 and sd == 1.0))
+
+
+class ChannelSubset:
+    """A forecaster that sees only ``channels``: every other input is masked before each step."""
+
+    def __init__(self, inner: Forecaster, channels: Sequence[str]) -> None:
+        self.inner = inner
+        self.keep = np.array([c in set(channels) for c in CHANNELS], dtype=bool)
+        self.name = inner.name
+        self.horizon_s = inner.horizon_s
+
+    def reset(self, node_ids: Sequence[str]) -> None:
+        self.inner.reset(node_ids)
+
+    def step(self, x: np.ndarray, mask: np.ndarray, now_s: float = math.nan) -> ForecastBatch:
+        return self.inner.step(x, np.asarray(mask, dtype=bool) & self.keep[None, :], now_s=now_s)

@@ -49,7 +49,7 @@ def superpose(traces: Sequence[Trace], offsets_s: Sequence[float] | None = None)
     prompt = np.concatenate([t.prompt_tokens for t in traces])[order]
     output = np.concatenate([t.output_tokens for t in traces])[order]
     priority = np.concatenate([t.priority for t in traces])[order]
-    base = Trace.from_arrays(
+    return Trace.from_arrays(
         arrival[order],
         prompt,
         output,
@@ -57,7 +57,6 @@ def superpose(traces: Sequence[Trace], offsets_s: Sequence[float] | None = None)
         source=" + ".join(t.source for t in traces),
         format="synthetic",
     )
-    return base
 
 
 def circular_shift(trace: Trace, shift_s: float) -> Trace:

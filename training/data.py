@@ -1,10 +1,10 @@
 """Training data: time-ordered splits, per-second node series, targets, and sequence windows.
 
-Time conventions (one node, step 1 s): row ``t`` of a series holds what was observed during
-``[t, t + 1)`` seconds from the series start (arrivals counted, tokens summed). At row ``t`` the
-model has seen rows ``0..t``; its targets are the sums over rows ``t+1 .. t+horizon_s`` — the next
-``horizon_s`` seconds, (t+1, t+1+horizon_s] in wall time. Rows whose horizon runs past the end of the
-series have NaN targets and are not scored.
+Time conventions (one node, step 1 s; those of ``forecaster.features`` and ``forecaster.burst``): row ``t``
+holds what was observed during ``[t, t + 1)`` s from the series start (arrivals counted, tokens summed); the
+decision at row ``t`` is taken at time ``t + 1`` having seen rows ``0..t``, and its targets are the totals of
+rows ``t+1 .. t+horizon_s`` (``forecaster.features.future_sums``). Rows whose horizon runs past the end of the
+series, or covers an unknown (NaN) row, have NaN targets and are not scored.
 
 Burst label (documented here, used by the loss): row ``t`` is labelled 1 when a burst onset (as
 ``forecaster.burst.burst_onsets`` defines it) lies in ``[t − after_s, t + lead_s]`` — i.e. from
@@ -211,18 +211,6 @@ def cut_window(series: NodeSeries, start: int, seq_len: int) -> tuple[np.ndarray
         totals = np.concatenate([totals, np.full((pad, N_TARGETS), np.nan, np.float32)])
         burst = np.concatenate([burst, np.full(pad, np.nan, np.float32)])
     return x_raw, totals, burst
-
-
-@dataclass(frozen=True)
-class SourceSummary:
-    """What a checkpoint records about one training source."""
-
-    source: str
-    sha256: str | None
-    rows: int
-    span_s: float
-    train_rows: int
-    train_span_s: float
 
 
 def sha256_file(path: str | Path) -> str:

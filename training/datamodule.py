@@ -29,15 +29,15 @@ _DAY_S = 86_400.0
 class WindowConfig:
     """Shape of the training sequences.
 
-    ``seq_len``: steps per sequence (512 s: long enough for the LSTM to settle and see several bursts).
+    ``seq_len``: steps per sequence (256 s: several attention windows, often a burst and its aftermath).
     ``burn_in``: first steps of each sequence not scored (the LSTM state is still warming up).
     ``windows_per_epoch``: random training sequences drawn per epoch. ``batch_size``: sequences per step.
     """
 
-    seq_len: int = 512
-    burn_in: int = 64
-    batch_size: int = 32
-    windows_per_epoch: int = 512
+    seq_len: int = 256
+    burn_in: int = 32
+    batch_size: int = 16
+    windows_per_epoch: int = 1024
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -304,9 +304,9 @@ def _jsonable(obj: Any) -> Any:
 class TrainerConfig:
     """Lightning Trainer settings (``accelerator="auto"`` picks a GPU when there is one)."""
 
-    max_epochs: int = 30
+    max_epochs: int = 40
     max_minutes: float | None = None
-    patience: int = 6
+    patience: int = 15
     gradient_clip_val: float = 1.0
     accelerator: str = "auto"
     devices: str = "auto"

@@ -34,7 +34,7 @@ class OptimConfig:
 
     lr: float = 3e-3
     weight_decay: float = 1e-4
-    burn_in: int = 64
+    burn_in: int = 32
     burst_weight: float = 0.5
     burst_pos_weight: float = 4.0
     max_epochs: int = 30

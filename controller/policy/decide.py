@@ -35,10 +35,17 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     Unknown load never scales down: the caller keeps the current scale on None.
     """
     obs, cfg, cap = ctx.obs, ctx.config, ctx.capacity
-    need = stages.capacity_target(obs, cap, ctx.slo_ttft_ms / 1000.0)
+    need = stages.capacity_target(obs, cap, ctx.slo_ttft_ms / 1000.0, cfg.provision_lead_s)
     if need is None:
         return None, state
     reasons = list(need.reasons)
+    state = replace(
+        state, rate_history=stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
+    )
+    factor, why_trend = stages.trend_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
+    if why_trend:
+        need = stages.with_trend(need, factor)
+        reasons.append(why_trend)
     prefill, decode, why = stages.with_headroom(need, cfg.headroom)
     reasons.append(why)
     decode, buffer_seqs, why = stages.buffer_target(need.running_seqs, decode, cfg.buffer_multiplier, cap)
@@ -46,14 +53,18 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     degrade, state, why_degrade = stages.degrade_stage(prefill, decode, cfg, obs.now_s, state)
     if why_degrade:
         reasons.append(why_degrade)
-    prefill, decode, state, why_standby = stages.standby_stage(prefill, decode, obs, cfg, state)
+    standby_target, state, why_sized = _standby_targets(need, prefill, decode, obs, cfg, state)
+    reasons.extend(why_sized)
+    prefill, decode, state, why_standby = stages.standby_stage(
+        prefill, decode, obs, cfg, state, (standby_target["prefill"], standby_target["decode"])
+    )
     reasons.extend(why_standby)
+
     prefill, decode, why_ratio = stages.pd_ratio_stage(prefill, decode, cfg.pd_ratio_min, cfg.pd_ratio_max)
     if why_ratio:
         reasons.append(why_ratio)
 
     wanted = {"prefill": prefill, "decode": decode}
-    standby_target = {"prefill": cfg.standby_prefill, "decode": cfg.standby_decode}
     bounds = {"prefill": (cfg.min_prefill, cfg.max_prefill), "decode": (cfg.min_decode, cfg.max_decode)}
     roles = dict(state.roles)
     final: dict[str, int] = {}
@@ -88,6 +99,28 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         reasons=tuple(reasons),
     )
     return plan, state
+
+
+def _standby_targets(
+    need: stages.Need, prefill: int, decode: int, obs: PoolObservation, cfg: PolicyConfig, state: PoolState
+) -> tuple[dict[str, int], PoolState, list[str]]:
+    """Standby per role: the configured counts ('flat'), or sized by the forecast's spread and held like
+    replicas for max(scale-down delay, provision lead) ('uncertainty')."""
+    target = {"prefill": cfg.standby_prefill, "decode": cfg.standby_decode}
+    if cfg.standby_sizing == "flat":
+        return target, state, []
+    spread = stages.forecast_spread(obs)
+    reasons = []
+    for role, role_need, active in (("prefill", need.prefill, prefill), ("decode", need.decode, decode)):
+        target[role], why = stages.standby_size(role_need, active, cfg.headroom, spread, target[role])
+        reasons.append(f"{role}: {why}")
+    hold_s = max(cfg.scale_down_delay_s, cfg.provision_lead_s)
+    recent, held = stages.hold_standby(
+        state.standby_recent, obs.now_s, (target["prefill"], target["decode"]), hold_s
+    )
+    if held != (target["prefill"], target["decode"]):
+        reasons.append(f"standby held at {held[0]} prefill, {held[1]} decode for {hold_s:.0f} s")
+    return {"prefill": held[0], "decode": held[1]}, replace(state, standby_recent=recent), reasons
 
 
 def _with_count(plan: ScalingPlan, field: str, value: int, reason: str) -> ScalingPlan:

@@ -7,6 +7,7 @@ for what it changed, so a decision can be read back.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -36,7 +37,9 @@ def _nanmax(*xs: float) -> float:
     return max(known) if known else math.nan
 
 
-def capacity_target(obs: PoolObservation, cap: PoolCapacity, slo_ttft_s: float) -> Need | None:
+def capacity_target(
+    obs: PoolObservation, cap: PoolCapacity, slo_ttft_s: float, lead_s: float = 0.0
+) -> Need | None:
     """Stage 1: instances needed from the p90 forecast, the measured load and the queue.
 
     Prefill: predicted prompt tokens/s (p90) against one instance's prefill capacity at the TTFT SLO,
@@ -45,6 +48,11 @@ def capacity_target(obs: PoolObservation, cap: PoolCapacity, slo_ttft_s: float) 
     generation tokens/s against one instance's decode rate at the ITL SLO, and the concurrency (Little's
     law: arrival rate × mean output / per-sequence token rate) against its sequence capacity. The
     measured load is a floor under the forecast. Returns None when the load is unknown.
+
+    ``lead_s`` is how long a newly started instance takes to serve. Clearing the queue within the TTFT SLO
+    may use the warm instances (active + standby); beyond them the queue is spread over ``lead_s``, since
+    cold capacity asked for now arrives only then (starting 40 instances for a 20-s backlog is pure cost:
+    by the time they serve, the warm ones have cleared it). ``lead_s = 0`` sizes everything for the SLO.
     """
     fc = obs.forecast
     prompt_fc = fc.rate(fc.prompt_tokens_p90) if fc else math.nan
@@ -58,7 +66,7 @@ def capacity_target(obs: PoolObservation, cap: PoolCapacity, slo_ttft_s: float) 
         f"load: prompt {prompt_tps:.0f} tok/s, generation {gen_tps:.0f} tok/s (max of measured and p90 forecast)"
     ]
 
-    backlog_tps = 0.0
+    backlog_tps = backlog_cold_tps = 0.0
     if _known(obs.waiting_requests) and obs.waiting_requests > 0:
         mean_prompt = (
             obs.mean_prompt_tokens
@@ -69,10 +77,18 @@ def capacity_target(obs: PoolObservation, cap: PoolCapacity, slo_ttft_s: float) 
         clear_within_s = max(slo_ttft_s - age_s, slo_ttft_s / 4)
         if _known(mean_prompt):
             backlog_tps = obs.waiting_requests * mean_prompt / clear_within_s
+            backlog_cold_tps = obs.waiting_requests * mean_prompt / max(clear_within_s, lead_s)
             reasons.append(
                 f"queue: {obs.waiting_requests:.0f} waiting → +{backlog_tps:.0f} tok/s to clear in {clear_within_s:.2f} s"
             )
-    prefill = (prompt_tps + backlog_tps) * cap.correction / cap.prefill_tps
+    prefill_slo = (prompt_tps + backlog_tps) * cap.correction / cap.prefill_tps
+    prefill = (prompt_tps + backlog_cold_tps) * cap.correction / cap.prefill_tps
+    warm = obs.active.get("prefill", 0) + obs.standby.get("prefill", 0)
+    if prefill_slo > prefill:
+        prefill = max(prefill, min(prefill_slo, float(warm)))
+        reasons.append(
+            f"queue: beyond the {warm} warm prefill instances it is cleared over the {lead_s:.0f} s lead"
+        )
 
     per_seq_tps = cap.decode_tps / cap.decode_seqs
     arrival_rps = _nanmax(obs.arrival_rps, arrivals_fc)
@@ -87,6 +103,64 @@ def capacity_target(obs: PoolObservation, cap: PoolCapacity, slo_ttft_s: float) 
     # Arithmetic on absurd (finite) inputs can overflow to inf: that is demand beyond any fleet.
     prefill, decode = min(prefill, MAX_NEED), min(decode, MAX_NEED)
     return Need(prefill=prefill, decode=decode, running_seqs=running, reasons=tuple(reasons))
+
+
+TREND_BLOCK_S = 30.0  # the arrival rate is averaged over blocks this long (per-second rates are noise)
+TREND_BLOCKS = 4  # consecutive blocks that must all rise for a trend: the last 2 minutes
+TREND_MIN_Z = 2.0  # the median block-to-block rise must be this many standard errors
+MAX_TREND_FACTOR = 4.0  # a projection never asks for more than this × the current need
+
+
+def trend_factor(
+    history: tuple[tuple[float, float], ...], now_s: float, lead_s: float
+) -> tuple[float, str | None]:
+    """Stage 1b: how much higher the load will be ``lead_s`` from now, when capacity started now serves.
+
+    Capacity must be ready when the load comes, and a cold instance serves ``lead_s`` after it is asked
+    for; a ramp (a diurnal rise, a sinusoid) outruns any policy that sizes for the load of the next few
+    seconds. The arrival rate's mean over ``TREND_BLOCKS`` consecutive blocks of ``TREND_BLOCK_S`` must
+    rise block after block, and the median rise must stand ``TREND_MIN_Z`` standard errors above the
+    noise (the blocks' own sample variance, so an overdispersed bursty trace needs a clearer trend); then
+    the last block's mean is extrapolated linearly to ``now + lead_s``. A one-block burst does not move the
+    median rise, so a step does not read as a ramp. Returns (factor >= 1, reason or None). Never below 1:
+    falling load is left to the scale-down delay.
+    """
+    if lead_s <= 0:
+        return 1.0, None
+    means: list[float] = []
+    variances: list[float] = []
+    for k in range(TREND_BLOCKS - 1, -1, -1):  # oldest block first
+        hi = now_s - k * TREND_BLOCK_S
+        xs = [r for t, r in history if hi - TREND_BLOCK_S < t <= hi]
+        if len(xs) < 3:
+            return 1.0, None
+        m = sum(xs) / len(xs)
+        means.append(m)
+        variances.append(_mean_var(xs))
+    rises = sorted(b - a for a, b in itertools.pairwise(means))
+    noise = math.sqrt(2.0 * max(variances))
+    median_rise = rises[len(rises) // 2]
+    if rises[0] <= 0 or median_rise <= TREND_MIN_Z * noise or means[-1] <= 0:
+        return 1.0, None
+    slope_rps_per_s = median_rise / TREND_BLOCK_S
+    projected = means[-1] + slope_rps_per_s * (TREND_BLOCK_S / 2 + lead_s)
+    factor = min(projected / means[-1], MAX_TREND_FACTOR)
+    reason = (
+        f"trend: arrivals rising {slope_rps_per_s * 60:.2f} req/s per min for {TREND_BLOCKS * TREND_BLOCK_S:.0f} s"
+        f" → load × {factor:.2f} by the time new capacity serves ({lead_s:.0f} s)"
+    )
+    return factor, reason
+
+
+def with_trend(need: Need, factor: float) -> Need:
+    """Scale a need by a trend factor (1 = unchanged)."""
+    if factor == 1.0:
+        return need
+    return replace(
+        need,
+        prefill=min(need.prefill * factor, MAX_NEED),
+        decode=min(need.decode * factor, MAX_NEED),
+    )
 
 
 def with_headroom(need: Need, headroom: float) -> tuple[int, int, str]:
@@ -115,7 +189,15 @@ def buffer_target(
 QPS_SMOOTHING_S = (
     15.0  # the rate at each end of the minute is a mean over this long (per-second rates are noise)
 )
+QPS_WINDOW_S = 60.0  # the growth per minute is measured over the last minute of history
+QPS_MIN_SAMPLES = 5  # a window's own variance is used from this many rate samples on (else Poisson only)
 QPS_MIN_Z = 3.0  # a rate rise counts only when it is this many Poisson standard deviations
+
+
+def _mean_var(xs: list[float]) -> float:
+    """The variance of the mean of ``xs`` (sample variance / n); needs two samples or more."""
+    m = sum(xs) / len(xs)
+    return sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
 
 
 def qps_change_per_min(
@@ -125,6 +207,7 @@ def qps_change_per_min(
     against the mean of its first ``smoothing_s``; NaN with under 30 s of history or no earlier traffic."""
     if len(history) < 2:
         return math.nan
+    history = tuple((t, r) for t, r in history if history[-1][0] - t <= QPS_WINDOW_S)
     t0, t1 = history[0][0], history[-1][0]
     if t1 - t0 < 30.0:
         return math.nan
@@ -133,23 +216,68 @@ def qps_change_per_min(
     r0, r1 = sum(early) / len(early), sum(late) / len(late)
     if r0 <= 0:
         return math.nan
-    # Poisson noise: the two windows' arrival counts must differ by at least QPS_MIN_Z standard deviations,
-    # or a low-rate pool would raise an alert every few seconds on noise alone.
+    # Noise: the two windows' arrival counts must differ by at least QPS_MIN_Z standard deviations, or a
+    # low-rate pool would raise an alert every few seconds on noise alone. Poisson at least; more where the
+    # windows' own samples say the arrivals are overdispersed (real traces are: Azure conv raised ~100
+    # alerts in 34 min on Poisson noise alone).
     n0, n1 = r0 * smoothing_s, r1 * smoothing_s
-    if n1 - n0 < QPS_MIN_Z * math.sqrt(n0 + n1):
+    sd = math.sqrt(n0 + n1)
+    if min(len(early), len(late)) >= QPS_MIN_SAMPLES:
+        sd = max(sd, smoothing_s * math.sqrt(_mean_var(early) + _mean_var(late)))
+    if n1 - n0 < QPS_MIN_Z * sd:
         return 0.0 if r1 >= r0 else (r1 - r0) / r0 * 60.0 / max((t1 - t0) - smoothing_s, 1.0)
     span_s = (t1 - t0) - smoothing_s  # between the two windows' centres
     return (r1 - r0) / r0 * 60.0 / span_s
 
 
+RATE_HISTORY_S = TREND_BLOCKS * TREND_BLOCK_S  # what the trend needs; the QPS alert reads the last minute
+
+
 def update_rate_history(
-    history: tuple[tuple[float, float], ...], now_s: float, arrival_rps: float, window_s: float = 60.0
+    history: tuple[tuple[float, float], ...],
+    now_s: float,
+    arrival_rps: float,
+    window_s: float = RATE_HISTORY_S,
 ) -> tuple[tuple[float, float], ...]:
-    """Append the current rate (if known) and forget samples older than ``window_s``."""
+    """Append the current rate (if known; once per ``now_s``) and forget samples older than ``window_s``."""
     kept = tuple((t, r) for t, r in history if now_s - t <= window_s)
-    if _known(arrival_rps):
+    if _known(arrival_rps) and not (kept and kept[-1][0] == now_s):
         kept = (*kept, (now_s, arrival_rps))
     return kept
+
+
+def forecast_spread(obs: PoolObservation) -> float:
+    """Relative uncertainty of the arrival forecast, (p90 - p50) / p90 in [0, 1]; NaN when unknown."""
+    fc = obs.forecast
+    if fc is None or not (_known(fc.arrivals_p90) and _known(fc.arrivals_p50)) or fc.arrivals_p90 <= 0:
+        return math.nan
+    return min(max((fc.arrivals_p90 - fc.arrivals_p50) / fc.arrivals_p90, 0.0), 1.0)
+
+
+def standby_size(need: float, target: int, headroom: float, spread: float, most: int) -> tuple[int, str]:
+    """Stage 3b: warm standby for one role, sized to the burst the active target cannot absorb.
+
+    Standby activates in seconds, so it is what absorbs a burst inside the forecast's horizon; but it holds
+    a GPU all the time, so it is only worth what the rounded-up active target lacks. The burst to cover is
+    the need (p90, with headroom) pushed up by the forecast's own spread, ``(p90 - p50) / p90``: about the
+    distance from p90 to p99 of the forecast. Standby = that burst's instances minus the active target, in
+    [0, ``most``]. Unknown spread (no forecast) is not zero uncertainty: it gets ``most``.
+    """
+    if not _known(spread):
+        return most, f"standby {most} (forecast spread unknown)"
+    burst = math.ceil(need * (1 + headroom) * (1 + spread) - 1e-9)
+    size = max(0, min(most, burst - target))
+    return size, f"standby {size}: burst need {burst} (spread {spread:.0%}) over active {target}"
+
+
+def hold_standby(
+    recent: tuple[tuple[float, int, int], ...], now_s: float, sized: tuple[int, int], delay_s: float
+) -> tuple[tuple[tuple[float, int, int], ...], tuple[int, int]]:
+    """Stage 3c: the sized standby falls only after it has stayed lower for ``delay_s`` (as active replicas
+    do): a standby that flaps with the forecast's spread is a cold start every few ticks and is never warm
+    when the rise comes. Returns (the remembered window, the held (prefill, decode) standby)."""
+    window = (*tuple(r for r in recent if now_s - r[0] < delay_s), (now_s, sized[0], sized[1]))
+    return window, (max(p for _, p, _ in window), max(d for _, _, d in window))
 
 
 def standby_stage(
@@ -158,10 +286,13 @@ def standby_stage(
     obs: PoolObservation,
     cfg: PolicyConfig,
     state: PoolState,
+    standby: tuple[int, int] | None = None,
 ) -> tuple[int, int, PoolState, tuple[str, ...]]:
     """Stage 4: warm standby. On a burst alert (burst probability over its threshold, or the arrival rate
-    growing faster than ``qps_change_alert_per_min``) the standby replicas are promoted — counted into the
-    active target — and held for ``alert_hold_s``; the standby targets stay, so standby is refilled."""
+    growing faster than ``qps_change_alert_per_min``) the standby replicas — ``standby`` (prefill, decode),
+    default the configured counts — are promoted (counted into the active target) and held for
+    ``alert_hold_s``; the standby targets stay, so standby is refilled."""
+    sb_prefill, sb_decode = standby if standby is not None else (cfg.standby_prefill, cfg.standby_decode)
     history = update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
     change = qps_change_per_min(history)
     burst = obs.forecast.burst_prob if obs.forecast else math.nan
@@ -174,10 +305,10 @@ def standby_stage(
         alert_until = obs.now_s + cfg.alert_hold_s
         reasons.append(f"alert: arrival rate +{change:.0%}/min >= {cfg.qps_change_alert_per_min:.0%}/min")
     if obs.now_s < alert_until:
-        prefill += cfg.standby_prefill
-        decode += cfg.standby_decode
+        prefill += sb_prefill
+        decode += sb_decode
         reasons.append(
-            f"standby promoted until t={alert_until:.0f} s: +{cfg.standby_prefill} prefill, +{cfg.standby_decode} decode"
+            f"standby promoted until t={alert_until:.0f} s: +{sb_prefill} prefill, +{sb_decode} decode"
         )
     new_state = replace(state, rate_history=history, alert_until_s=alert_until)
     return prefill, decode, new_state, tuple(reasons)
@@ -210,7 +341,8 @@ def hysteresis_stage(
 
     Scale-down goes to the highest target wanted within the last ``scale_down_delay_s`` (so a dip shorter
     than the delay changes nothing), never within the delay after a scale-up, never when the data is
-    incomplete, and at most ``max_scale_down_per_min`` replicas per minute since the last change.
+    incomplete, and at most ``max_scale_down_per_min`` replicas (or ``max_scale_down_fraction_per_min`` of
+    the current ones, whichever is more) per minute since the last change.
     Scale-up is limited to a ramp of (max - min) replicas per ``ramp_up_s``, at least one per decision,
     plus ``fast_up`` replicas that are already warm (standby promotion is not rate-limited).
     """
@@ -241,9 +373,8 @@ def hysteresis_stage(
                 reason = f"{role}: scale-down waits until the target stays lower for {window_s:.0f} s"
         if target < current:
             elapsed = now_s - history.last_change_s
-            allowed = (
-                math.floor(cfg.max_scale_down_per_min * elapsed / 60.0) if math.isfinite(elapsed) else current
-            )
+            per_min = max(cfg.max_scale_down_per_min, cfg.max_scale_down_fraction_per_min * current)
+            allowed = math.floor(per_min * elapsed / 60.0) if math.isfinite(elapsed) else current
             if current - target > allowed:
                 new = current - allowed
                 reason = f"{role}: scale-down rate limit {current} → {new} (wanted {target})"

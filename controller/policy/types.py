@@ -120,3 +120,4 @@ class PoolState:
     alert_until_s: float = -math.inf  # a burst alert holds promoted standby capacity until then
     degrade_since_s: float = math.nan  # when degradation started (NaN = not degraded)
     calm_since_s: float = math.nan  # when demand fell back under max while degraded
+    standby_recent: tuple[tuple[float, int, int], ...] = ()  # (time_s, prefill, decode) sized standby

@@ -148,7 +148,9 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool) -> P
     kv = cur.gauges.get(names.KV_CACHE_USAGE_PERC)
     kv_sel = serving & np.isin(roles, ("decode", "mixed"))
     prompt_sel = in_pool & np.isin(roles, ("prefill", "mixed"))
-    n_arrivals = float(d.arrivals[in_pool].sum())
+    # A P/D request is routed twice (to a prefill, then to a decode instance): arrivals are counted where
+    # requests enter the pool, on prefill and mixed instances only.
+    n_arrivals = float(d.arrivals[prompt_sel].sum())
     prompt_total = float(d.prompt[prompt_sel].sum())
     ttft50, ttft90 = _quantiles(d.ttft, in_pool)
     itl50, itl90 = _quantiles(d.itl, in_pool)
@@ -156,7 +158,7 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool) -> P
         pool=pool,
         now_s=cur.now_s,
         counts=counts,
-        arrival_rps=_rate(d.arrivals[in_pool], d.dt_s),
+        arrival_rps=_rate(d.arrivals[prompt_sel], d.dt_s),
         prompt_tps=_rate(d.prompt[prompt_sel], d.dt_s),
         gen_tps=_rate(d.gen[in_pool], d.dt_s),
         running=gauge_sum(names.NUM_REQUESTS_RUNNING),

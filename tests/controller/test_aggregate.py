@@ -114,3 +114,12 @@ def test_histogram_quantile_is_monotone_in_q(incs: list[int], q: float) -> None:
         assert math.isnan(a)
     else:
         assert b >= a - 1e-12
+
+
+def test_a_pd_request_routed_twice_counts_once() -> None:
+    # The router counts a request on its prefill AND its decode instance; arrivals are where requests enter.
+    agg = LoadAggregator()
+    agg.update(_scrape(0.0, [0.0, 0.0], [0.0, 0.0]), ["default"])
+    load = agg.update(_scrape(1.0, [1000.0, 0.0], [4.0, 4.0]), ["default"])["default"]
+    assert load.arrival_rps == pytest.approx(4.0)
+    assert load.mean_prompt_tokens == pytest.approx(250.0)

@@ -28,6 +28,9 @@ configs = st.builds(
     ramp_up_s=st.floats(0, 300),
     pd_ratio_min=st.sampled_from([0.0, 0.25]),
     pd_ratio_max=st.sampled_from([0.0, 1.0]),
+    standby_sizing=st.sampled_from(["uncertainty", "flat"]),
+    provision_lead_s=st.floats(0, 300),
+    max_scale_down_fraction_per_min=st.floats(0, 1),
 )
 
 
@@ -87,13 +90,15 @@ def test_replicas_never_fall_as_forecast_rises(
     step_s=st.floats(0.5, 10),
     delay_s=st.floats(0, 120),
     per_min=st.floats(0.5, 20),
+    fraction=st.floats(0.0, 1.0),
 )
 def test_stateful_no_scale_down_within_delay_and_bounded_steps(
-    loads: list[float], step_s: float, delay_s: float, per_min: float
+    loads: list[float], step_s: float, delay_s: float, per_min: float, fraction: float
 ) -> None:
     cfg = PolicyConfig(
         scale_down_delay_s=delay_s,
         max_scale_down_per_min=per_min,
+        max_scale_down_fraction_per_min=fraction,
         ramp_up_s=0,
         standby_decode=0,
         max_prefill=1000,
@@ -113,7 +118,8 @@ def test_stateful_no_scale_down_within_delay_and_bounded_steps(
             if new < current[role]:
                 assert now - last_up[role] >= delay_s, (role, now, last_up[role])
                 if math.isfinite(last_change[role]):
-                    allowed = math.floor(per_min * (now - last_change[role]) / 60)
+                    rate = max(per_min, fraction * current[role])
+                    allowed = math.floor(rate * (now - last_change[role]) / 60)
                     assert current[role] - new <= allowed, (role, now, current[role], new)
             if new > current[role]:
                 last_up[role] = now

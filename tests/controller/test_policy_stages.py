@@ -138,7 +138,9 @@ def _hyst(
 
 
 def test_scale_down_waits_for_the_delay_and_is_rate_limited() -> None:
-    cfg = PolicyConfig(scale_down_delay_s=60, max_scale_down_per_min=2, ramp_up_s=0)
+    cfg = PolicyConfig(
+        scale_down_delay_s=60, max_scale_down_per_min=2, max_scale_down_fraction_per_min=0.0, ramp_up_s=0
+    )
     t, h = _hyst(10, 4, 0.0, RoleHistory(), cfg)
     assert t == 10  # scale-up is immediate with ramp_up_s=0
     for now in (1.0, 30.0, 59.0):
@@ -190,7 +192,8 @@ def test_budget_cuts_standby_first_then_lowest_risk() -> None:
 
 def test_decide_composes_the_stages_and_explains() -> None:
     o = obs(forecast=forecast(prompt_tps=30_000, gen_tps=8_000, burst=0.9))
-    plan, state = decide(ctx(o, PolicyConfig(ramp_up_s=0)), PoolState())
+    # The seed's flat standby: 2 decode standby whatever the need (the uncertainty sizing has its own test).
+    plan, state = decide(ctx(o, PolicyConfig(ramp_up_s=0, standby_sizing="flat")), PoolState())
     assert plan is not None
     # need 3.0 / 4.0 → headroom 30 % → 4 / 6 (buffer 200 seqs → 4) → standby promoted +2 decode → 8
     assert (plan.prefill, plan.decode, plan.standby_decode) == (4, 8, 2)

@@ -1,0 +1,159 @@
+"""Every scaling policy side by side on the same traces: SLO attainment, GPU-seconds, ratios to oracle/static.
+
+Workloads (all replayed through the simulator, llama3-8b/a100, one P/D pool):
+
+* ``code``: the bundled Azure 2023 code trace (bursty), TTFT 1 s / ITL 50 ms;
+* ``conv``: the bundled Azure 2023 conversation trace (smooth), TTFT 1 s / ITL 50 ms;
+* ``sine``: a synthetic sinusoid 1 <-> 24 req/s (period ``--sine-period-s``), ISL ~8000 / OSL ~1000,
+  TTFT 3 s / ITL 35 ms (the issue's second goal);
+* ``mmpp``: a synthetic Markov-modulated bursty trace (serving.workload.synthetic, 6x bursts of ~20 s).
+
+The predictive policy runs with a pinned forecaster (``--forecaster holt``, the fallback the product ships
+until the learned checkpoint lands) so before/after rows compare policy logic, not forecasters; pass
+``--forecaster default`` for whatever ``controller.forecasting`` loads. ``--params k=v,...`` overrides
+``PolicyConfig`` fields of the predictive policy (e.g. ``--params standby_decode=2,buffer_multiplier=2``).
+
+The figures are deterministic (seeded traces, virtual clock); only the wall seconds depend on the machine.
+
+Run: .venv/bin/python bench/bench_policies.py [--workloads code,conv,sine,mmpp] [--policies ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import controller.replay_policies  # noqa: F401  (registers reactive, predictive, oracle, dynamo-like)
+from controller.config import PolicyConfig
+from controller.replay_policies import PredictivePolicy
+from forecaster.baselines import Holt
+from forecaster.types import Forecaster
+from serving.sim.fleet import FleetSpec, single_pool
+from serving.sim.replay import PolicyOptions, ReplayPolicy, make_policy, replay
+from serving.sim.report import ReplayReport
+from serving.workload.readers import read_trace
+from serving.workload.synthetic import LengthDist, SyntheticParams, generate
+from serving.workload.trace import Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+AZURE = ROOT / "datasets" / "azure2023"
+POLICIES = ("oracle", "static-peak", "reactive", "dynamo-like", "predictive")
+
+
+def _azure(kind: str) -> Path:
+    for base in (AZURE, ROOT.parent / "shared" / "datasets" / "azure2023"):
+        path = base / f"AzureLLMInferenceTrace_{kind}.dev_before_1850.csv"
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"Azure {kind} trace not found under {AZURE}")
+
+
+def workload(name: str, duration_s: float | None, sine_period_s: float) -> tuple[Trace, FleetSpec]:
+    """The trace and the fleet (SLOs) of one named workload."""
+    if name in ("code", "conv"):
+        trace = read_trace(_azure(name))
+        if duration_s is not None:
+            trace = trace.window(0.0, duration_s)
+        return trace, single_pool()
+    if name == "sine":
+        params = SyntheticParams(
+            duration_s=duration_s or 2 * sine_period_s,
+            rate_rps=12.5,
+            burst_multiplier=1.0,
+            diurnal_amplitude=11.5 / 12.5,  # 1 <-> 24 req/s
+            diurnal_period_s=sine_period_s,
+            diurnal_phase_s=-sine_period_s / 4,  # starts at the trough
+            prompt=LengthDist(median_tokens=8000.0, sigma=0.1, max_tokens=16_000),
+            output=LengthDist(median_tokens=1000.0, sigma=0.1, max_tokens=2000),
+        )
+        return generate(params, seed=11), single_pool(slo_ttft_ms=3000.0, slo_itl_ms=35.0)
+    if name == "mmpp":
+        params = SyntheticParams(
+            duration_s=duration_s or 1200.0,
+            rate_rps=4.0,
+            burst_multiplier=6.0,
+            calm_mean_s=150.0,
+            burst_mean_s=20.0,
+            prompt=LengthDist(median_tokens=1500.0, sigma=0.8, max_tokens=8000),
+            output=LengthDist(median_tokens=200.0, sigma=0.8, max_tokens=2000),
+        )
+        return generate(params, seed=5), single_pool()
+    raise ValueError(f"unknown workload {name!r}: code, conv, sine, mmpp")
+
+
+def _parse_params(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        parsed: Any = value
+        for kind in (int, float):
+            try:
+                parsed = kind(value)
+                break
+            except ValueError:
+                continue
+        out[key.strip()] = parsed
+    return out
+
+
+def make(name: str, forecaster: str, params: dict[str, Any]) -> ReplayPolicy:
+    if name == "predictive":
+        cfg = PolicyConfig(**params)
+        if forecaster == "holt":
+
+            def holt() -> Forecaster:
+                return Holt()
+
+            return PredictivePolicy(cfg, forecaster=holt)
+        return PredictivePolicy(cfg)
+    return make_policy(name, PolicyOptions())
+
+
+def run(name: str, trace: Trace, fleet: FleetSpec, policy: ReplayPolicy) -> ReplayReport:
+    pool = fleet.pools[0]
+    fleet = replace(fleet, pools=(pool,))
+    return replay(fleet, {pool.name: trace}, policy)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default="code,conv,sine,mmpp")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--duration-s", type=float, default=None, help="replay only the first DURATION_S s")
+    ap.add_argument("--sine-period-s", type=float, default=600.0)
+    ap.add_argument("--forecaster", choices=("holt", "default"), default="holt")
+    ap.add_argument("--params", default="", help="PolicyConfig overrides for predictive: k=v,k=v")
+    ap.add_argument("--label", default="", help="a label printed in each row (e.g. before/after)")
+    args = ap.parse_args()
+    params = _parse_params(args.params)
+    print(
+        "| workload | policy | label | SLO attained | GPU-s | / oracle | / static-peak | TTFT p99 ms | "
+        "ITL p99 ms | wall s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for wl in args.workloads.split(","):
+        trace, fleet = workload(wl, args.duration_s, args.sine_period_s)
+        results: dict[str, ReplayReport] = {}
+        for pol in args.policies.split(","):
+            t0 = time.perf_counter()
+            results[pol] = rep = run(wl, trace, fleet, make(pol, args.forecaster, params))
+            wall = time.perf_counter() - t0
+            floor = results.get("oracle")
+            static = results.get("static-peak")
+            r_o = f"{rep.gpu_seconds / floor.gpu_seconds:.2f}" if floor else "-"
+            r_s = f"{rep.gpu_seconds / static.gpu_seconds:.2f}" if static else "-"
+            print(
+                f"| {wl} | {pol} | {args.label} | {rep.slo_attainment:.2%} | {rep.gpu_seconds:,.0f} | {r_o} | "
+                f"{r_s} | {rep.ttft_ms['p99']:,.0f} | {rep.itl_ms['p99']:,.1f} | {wall:.0f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The router's own Prometheus metrics, in their own registry (served at the router's ``/metrics``).
+
+Names use the ``pdscale:`` prefix as the simulator's exporter does; ``pdscale:router_requests_total``
+keeps the simulator's meaning (requests sent to each backend, labelled by ``instance_id``), so a
+controller reads real and simulated fleets alike. Pages are classic text format 0.0.4, which keeps the
+colons.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Proxy overhead is sub-millisecond when healthy: fine buckets up to 50 ms.
+OVERHEAD_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05,
+)  # fmt: skip
+
+
+class RouterMetrics:
+    """Every metric the router exports. One instance per router."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.client_requests = Counter(
+            "pdscale:router_client_requests",
+            "Client requests answered, by priority class, route (pd or mixed), endpoint and HTTP status.",
+            ["priority_class", "route", "endpoint", "status"],
+            registry=r,
+        )
+        self.backend_requests = Counter(
+            "pdscale:router_requests",
+            "Requests the pdscale router sent to this instance.",
+            ["instance_id", "role", "node"],
+            registry=r,
+        )
+        self.queue_length = Gauge(
+            "pdscale:router_queue_length",
+            "Requests waiting for a backend slot, by stage and priority class.",
+            ["stage", "priority_class"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "pdscale:router_backend_in_flight",
+            "Requests the router has in flight on each backend.",
+            ["instance_id", "role"],
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "pdscale:router_proxy_overhead_seconds",
+            "Time the router adds to a request: handler time to first byte minus backend and queue time.",
+            ["route"],
+            buckets=OVERHEAD_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "pdscale:router_queue_wait_seconds",
+            "Time requests waited for a backend slot.",
+            ["stage", "priority_class"],
+            registry=r,
+        )
+        self.backend_errors = Counter(
+            "pdscale:router_backend_errors",
+            "Backend failures seen by the router (connection, timeout, 5xx, bad prefill answer).",
+            ["instance_id", "kind"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "pdscale:router_retries",
+            "Requests tried again (route pd or mixed) after a backend failed before any byte reached the client.",
+            ["route"],
+            registry=r,
+        )
+
+    def page(self) -> bytes:
+        return generate_latest(self.registry)
