@@ -113,6 +113,37 @@ class LengthTracker:
             self.output_ewma = gen_per_arrival / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
 
 
+def build_observation(
+    pool: str,
+    load: PoolLoad,
+    counts: PoolCounts,
+    now_s: float,
+    forecast: PoolForecast | None,
+    lengths: LengthTracker,
+) -> PoolObservation:
+    """The pure policy's input for one pool: measured load, counts, smoothed lengths and the forecast."""
+    waiting = load.waiting + counts.pending if math.isfinite(load.waiting) else math.nan
+    return PoolObservation(
+        pool=pool,
+        now_s=now_s,
+        replicas={r: int(counts.replicas.get(r, 0)) for r in ROLES},
+        active={r: int(counts.active.get(r, 0)) for r in ROLES},
+        standby={r: int(counts.standby.get(r, 0)) for r in ROLES},
+        provisioning={r: int(counts.provisioning.get(r, 0)) for r in ROLES},
+        arrival_rps=load.arrival_rps,
+        prompt_tps=load.prompt_tps,
+        gen_tps=load.gen_tps,
+        running_seqs=load.running,
+        waiting_requests=waiting,
+        oldest_wait_s=math.nan,
+        kv_usage=load.kv_usage,
+        mean_prompt_tokens=lengths.prompt_ewma,
+        mean_output_tokens=lengths.output_ewma,
+        forecast=forecast,
+        complete=load.complete,
+    )
+
+
 @dataclass(frozen=True)
 class PoolDecision:
     """One pool's outcome of a tick. ``plan`` None = no opinion (apply nothing)."""
@@ -321,26 +352,7 @@ class Pipeline:
     def _observation(
         track: _Track, load: PoolLoad, c: PoolCounts, now_s: float, forecast: PoolForecast | None
     ) -> PoolObservation:
-        waiting = load.waiting + c.pending if math.isfinite(load.waiting) else math.nan
-        return PoolObservation(
-            pool=track.setup.name,
-            now_s=now_s,
-            replicas={r: int(c.replicas.get(r, 0)) for r in ROLES},
-            active={r: int(c.active.get(r, 0)) for r in ROLES},
-            standby={r: int(c.standby.get(r, 0)) for r in ROLES},
-            provisioning={r: int(c.provisioning.get(r, 0)) for r in ROLES},
-            arrival_rps=load.arrival_rps,
-            prompt_tps=load.prompt_tps,
-            gen_tps=load.gen_tps,
-            running_seqs=load.running,
-            waiting_requests=waiting,
-            oldest_wait_s=math.nan,
-            kv_usage=load.kv_usage,
-            mean_prompt_tokens=track.lengths.prompt_ewma,
-            mean_output_tokens=track.lengths.output_ewma,
-            forecast=forecast,
-            complete=load.complete,
-        )
+        return build_observation(track.setup.name, load, c, now_s, forecast, track.lengths)
 
     @staticmethod
     def _context(track: _Track, obs: PoolObservation) -> PolicyContext:

@@ -18,8 +18,8 @@ import numpy as np
 
 from controller.capacity import CapacityCache
 from controller.config import PolicyConfig
-from controller.pipeline import LengthTracker, Pipeline, PoolCounts, PoolSetup
-from controller.policy import PoolForecast, PoolObservation, ScalingPlan
+from controller.pipeline import LengthTracker, Pipeline, PoolCounts, PoolSetup, build_observation
+from controller.policy import PoolObservation, ScalingPlan
 from controller.policy.dynamo import DynamoConfig, DynamoState, decide_dynamo
 from controller.policy.reactive import ReactiveConfig, ReactiveState, decide_reactive
 from controller.sources.aggregate import LoadAggregator, PoolLoad
@@ -47,58 +47,34 @@ class _PoolTrack:
 
     spec: PoolSpec
     capacity: CapacityCache
-    prompt_ewma: float = math.nan
-    output_ewma: float = math.nan
-    arrivals_ewma: float = math.nan
-    epoch_offset_s: float = math.nan
+    lengths: LengthTracker = field(default_factory=LengthTracker)
     replicas: dict[str, int] = field(default_factory=dict)  # what the pool was last set to (spec.replicas)
 
-    def commands(self, plan: ScalingPlan) -> list[ScaleCommand]:
-        """The plan as scale commands; remembers the (clamped) replicas it sets, as a Deployment would."""
-        out = []
-        for role in ROLES:
-            bounds = self.spec.role(role)
-            self.replicas[role] = min(max(plan.count(role), bounds.min), bounds.max)
-            out.append(ScaleCommand(plan.pool, role, plan.count(role), plan.standby(role)))
-        return out
 
-    def update_lengths(self, load: PoolLoad, dt_s: float) -> None:
-        """Smooth prompt and output lengths (``controller.pipeline.LengthTracker``, shared with the pipeline)."""
-        tracker = LengthTracker(self.prompt_ewma, self.output_ewma, self.arrivals_ewma)
-        tracker.update(load, dt_s)
-        self.prompt_ewma, self.output_ewma = tracker.prompt_ewma, tracker.output_ewma
-        self.arrivals_ewma = tracker.arrivals_ewma
-
-
-def observation(
-    track: _PoolTrack, load: PoolLoad, view: ReplayView, forecast: PoolForecast | None
-) -> PoolObservation:
-    """The pure policy's input for one pool from the aggregated scrape and the replay view."""
-    counts = view.counts.get(track.spec.name, {})
-    pending = sum(view.pending.get(track.spec.name, {}).values())
+def view_counts(name: str, view: ReplayView, replicas: Mapping[str, int]) -> PoolCounts:
+    """A pool's counts from the simulator's view. ``replicas`` is what the policy last set (a Deployment's
+    spec.replicas); before the first decision it is what is serving or on its way to serving."""
+    counts = view.counts.get(name, {})
     heading_active = {
         r: sum(counts.get(r, {}).get(s, 0) for s in ("active", "activating", "provisioning")) for r in ROLES
     }
-    waiting = load.waiting + pending if math.isfinite(load.waiting) else math.nan
-    return PoolObservation(
-        pool=track.spec.name,
-        now_s=view.now_s,
-        replicas={r: track.replicas.get(r, heading_active[r]) for r in ROLES},
+    return PoolCounts(
+        replicas={r: replicas.get(r, heading_active[r]) for r in ROLES},
         active={r: counts.get(r, {}).get("active", 0) for r in ROLES},
         standby={r: counts.get(r, {}).get("standby", 0) for r in ROLES},
         provisioning={r: counts.get(r, {}).get("provisioning", 0) for r in ROLES},
-        arrival_rps=load.arrival_rps,
-        prompt_tps=load.prompt_tps,
-        gen_tps=load.gen_tps,
-        running_seqs=load.running,
-        waiting_requests=waiting,
-        oldest_wait_s=math.nan,
-        kv_usage=load.kv_usage,
-        mean_prompt_tokens=track.prompt_ewma,
-        mean_output_tokens=track.output_ewma,
-        forecast=forecast,
-        complete=load.complete,
+        pending=float(sum(view.pending.get(name, {}).values())),
     )
+
+
+def plan_commands(plan: ScalingPlan, spec: PoolSpec, replicas: dict[str, int]) -> list[ScaleCommand]:
+    """The plan as scale commands; records in ``replicas`` the (clamped) counts it sets, as a Deployment would."""
+    out = []
+    for role in ROLES:
+        bounds = spec.role(role)
+        replicas[role] = min(max(plan.count(role), bounds.min), bounds.max)
+        out.append(ScaleCommand(plan.pool, role, plan.count(role), plan.standby(role)))
+    return out
 
 
 def _epoch_offset(trace: Trace | None) -> float:
@@ -122,10 +98,7 @@ class _ControllerPolicy:
 
     def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
         _require_disaggregated(fleet, self.name)
-        self.tracks = {
-            p.name: _PoolTrack(p, CapacityCache(p), epoch_offset_s=_epoch_offset(traces.get(p.name)))
-            for p in fleet.pools
-        }
+        self.tracks = {p.name: _PoolTrack(p, CapacityCache(p)) for p in fleet.pools}
         self.aggregator = LoadAggregator()
         self.last_tick_s = math.nan
         self.decisions = []
@@ -136,7 +109,7 @@ class _ControllerPolicy:
         self.last_tick_s = view.now_s
         loads = self.aggregator.update(view.samples, list(self.tracks))
         for name, load in loads.items():
-            self.tracks[name].update_lengths(load, dt)
+            self.tracks[name].lengths.update(load, dt)
         return loads, dt
 
 
@@ -158,14 +131,15 @@ class ReactivePolicy(_ControllerPolicy):
         loads, _ = self._loads(view)
         out: list[ScaleCommand] = []
         for name, track in self.tracks.items():
-            obs = observation(track, loads[name], view, None)
-            cap = track.capacity.get(track.prompt_ewma, track.output_ewma)
+            counts = view_counts(name, view, track.replicas)
+            obs = build_observation(name, loads[name], counts, view.now_s, None, track.lengths)
+            cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
             plan, self.states[name] = decide_reactive(
                 obs, cap, self.config, track.spec.slo_ttft_ms, self.states[name]
             )
             if plan is not None:
                 self.decisions.append((now_s, plan))
-                out.extend(track.commands(plan))
+                out.extend(plan_commands(plan, track.spec, track.replicas))
         return out
 
 
@@ -187,12 +161,13 @@ class DynamoLikePolicy(_ControllerPolicy):
         loads, dt = self._loads(view)
         out: list[ScaleCommand] = []
         for name, track in self.tracks.items():
-            obs = observation(track, loads[name], view, None)
-            cap = track.capacity.get(track.prompt_ewma, track.output_ewma)
+            counts = view_counts(name, view, track.replicas)
+            obs = build_observation(name, loads[name], counts, view.now_s, None, track.lengths)
+            cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
             plan, self.states[name] = decide_dynamo(obs, cap, self.config, dt, self.states[name])
             if plan is not None:
                 self.decisions.append((now_s, plan))
-                out.extend(track.commands(plan))
+                out.extend(plan_commands(plan, track.spec, track.replicas))
         return out
 
 
@@ -244,23 +219,9 @@ class PredictivePolicy:
             guard_vanished=False,  # the simulator's instances leave only by scale-down: nothing is hidden
         )
 
-    def _counts(self, name: str, view: ReplayView) -> PoolCounts:
-        counts = view.counts.get(name, {})
-        heading_active = {
-            r: sum(counts.get(r, {}).get(s, 0) for s in ("active", "activating", "provisioning"))
-            for r in ROLES
-        }
-        return PoolCounts(
-            replicas={r: self.replicas[name].get(r, heading_active[r]) for r in ROLES},
-            active={r: counts.get(r, {}).get("active", 0) for r in ROLES},
-            standby={r: counts.get(r, {}).get("standby", 0) for r in ROLES},
-            provisioning={r: counts.get(r, {}).get("provisioning", 0) for r in ROLES},
-            pending=float(sum(view.pending.get(name, {}).values())),
-        )
-
     def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
         assert self.pipeline is not None, "reset() first"
-        counts = {name: self._counts(name, view) for name in self.specs}
+        counts = {name: view_counts(name, view, self.replicas[name]) for name in self.specs}
         result = self.pipeline.tick(view.samples, counts, now_s)
         out: list[ScaleCommand] = []
         for name, decision in result.decisions.items():
@@ -269,10 +230,7 @@ class PredictivePolicy:
             if plan is None:
                 continue
             self.decisions.append((now_s, plan))
-            for role in ROLES:
-                bounds = self.specs[name].role(role)
-                self.replicas[name][role] = min(max(plan.count(role), bounds.min), bounds.max)
-                out.append(ScaleCommand(name, role, plan.count(role), plan.standby(role)))
+            out.extend(plan_commands(plan, self.specs[name], self.replicas[name]))
         return out
 
 
