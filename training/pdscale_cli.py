@@ -29,6 +29,7 @@ from serving.manifests.cli import manifests_cmd  # noqa: E402
 from serving.pools.cli import pool_app  # noqa: E402
 from serving.router.cli import router_cmd  # noqa: E402
 from serving.sim.cli import sim_app  # noqa: E402
+from serving.sim.plan_cli import plan_cmd  # noqa: E402
 from serving.sim.replay_cli import replay_cmd  # noqa: E402
 from serving.workload.cli import trace_app  # noqa: E402
 from training.bench_cli import bench_app  # noqa: E402
@@ -37,6 +38,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(config_app, name="config")
 app.command("controller")(controller_cmd)
 app.command("manifests")(manifests_cmd)
+app.command("plan")(plan_cmd)
 app.add_typer(pool_app, name="pool")
 app.command("replay")(replay_cmd)
 app.command("router")(router_cmd)

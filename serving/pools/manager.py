@@ -324,10 +324,11 @@ class PoolManager:
         self.down()
 
     # ----------------------------------------------------------------- scaling
-    def scale(self, role: Role, n: int) -> ScaleResult:
+    def scale(self, role_name: str, n: int) -> ScaleResult:
         """Set ``role`` to ``n`` servers: start and register new ones, or drain then stop the newest."""
-        if role not in ROLES:
-            raise ValueError(f"PoolManager.scale: role {role!r} is not one of {ROLES}")
+        if role_name not in ROLES:
+            raise ValueError(f"PoolManager.scale: role {role_name!r} is not one of {ROLES}")
+        role: Role = role_name
         if n < 0:
             raise ValueError(f"PoolManager.scale: {role} count {n} must be >= 0")
         with self._lock:
@@ -457,7 +458,9 @@ class PoolManager:
                 inst.stop(self.settings.stop_timeout_s)
                 config = replace(inst.config, port=inst.port)
                 try:
-                    fresh = self._starter(config, self.log_dir)
+                    restarts = sum(1 for h in self.heal_log if h.id == member_id)
+                    # A fresh log directory: the dead server's log (same port, same name) is kept.
+                    fresh = self._starter(config, self.log_dir / f"{member_id}-restart{restarts + 1}")
                     member.instance = fresh
                     self._write_state()
                     fresh.wait_healthy(self.settings.health_timeout_s)

