@@ -161,3 +161,10 @@ def validate_cmd(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(doc, indent=2) + "\n")
         console.print(f"wrote {json_out}")
+
+
+# `pdscale pool up` / `pool down`: a whole local P/D pool behind the pdscale router (serving/pools/manager.py).
+from serving.pools.up_cli import pool_down_cmd, pool_up_cmd  # noqa: E402
+
+pool_app.command("up")(pool_up_cmd)
+pool_app.command("down")(pool_down_cmd)

@@ -13,7 +13,9 @@ own event loop in a background thread. Every change keeps requests whole:
   the hook fires.
 
 The manager's public methods are thread-safe (one lock; a scale or heal holds it while servers start,
-~40-90 s on a shared 2-core box). The router's registry is touched only on the router's loop thread.
+~40-110 s on a shared 2-core box) but must not be called from the router's loop thread (the
+``on_unhealthy`` hook): they run code on that loop and wait for it. The router's registry is touched only
+on the router's loop thread.
 
 Example::
 
@@ -148,9 +150,7 @@ class RouterThread:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
-        server = site._server  # aiohttp exposes the bound port only through the asyncio server
-        assert isinstance(server, asyncio.base_events.Server)
-        return int(server.sockets[0].getsockname()[1])
+        return int(self._runner.addresses[0][1])
 
     def _run(self, coro: Coroutine[Any, Any, _T], timeout_s: float | None) -> _T:
         fut: Future[_T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -228,6 +228,11 @@ class PoolManager:
         self.kv = KVTransfer(shared_storage_path=settings.work_dir / "kv")
 
     # ----------------------------------------------------------------- reading
+    @property
+    def router(self) -> RouterThread:
+        """The running router (``.router.registry``, ``.call(fn)`` to run code on its loop); after ``up``."""
+        return self._require_router()
+
     def ids(self, role: Role | None = None) -> list[str]:
         """Ids of the pool's servers (of ``role``), starting or serving, oldest first."""
         with self._lock:
@@ -276,6 +281,8 @@ class PoolManager:
                     f"{self.settings.model_dir}/config.json: not a model directory (pdscale pool model DIR)"
                 )
             (self.settings.work_dir / "kv").mkdir(parents=True, exist_ok=True)
+            self._stopping.clear()
+            self._healer = None
             config = RouterConfig(
                 host=self.settings.router_host,
                 port=self.settings.router_port,

@@ -111,8 +111,13 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def _alive(pid: int, group: bool) -> bool:
+    """A live process (or any live, non-zombie process of group ``pid``)."""
+    if group:
+        from serving.pools.local import group_pids
+
+        return bool(group_pids(pid))
     try:
-        (os.killpg if group else os.kill)(pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
@@ -131,8 +136,9 @@ def pool_down_cmd(
 ) -> None:
     """Stop a pool started by ``pdscale pool up``: its router process, then every server's process group.
 
-    The ``pool up`` process is asked to stop (SIGTERM: it stops its servers itself); any server group still
-    alive after --timeout-s is killed (SIGKILL), so nothing is left running even if ``pool up`` crashed.
+    The ``pool up`` process is asked to stop (SIGTERM: it stops its servers itself); server groups still
+    alive once it is gone get SIGTERM, and any left after --timeout-s in all get SIGKILL, so nothing is left
+    running even if ``pool up`` crashed.
 
     Example: pdscale pool down --state-file .pdscale/pool-state.json
     """
@@ -143,17 +149,21 @@ def pool_down_cmd(
     if owner != os.getpid() and _alive(owner, group=False):
         _signal(owner, signal.SIGTERM, group=False)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and (
-        _alive(owner, group=False) or any(_alive(g, group=True) for g in groups)
-    ):
-        time.sleep(0.5)
+    while time.monotonic() < deadline and _alive(owner, group=False):
+        time.sleep(0.2)
+    for g in groups:  # the owner stops its servers itself; this covers an owner that died or hangs
+        if _alive(g, group=True):
+            _signal(g, signal.SIGTERM, group=True)
+    while time.monotonic() < deadline and any(_alive(g, group=True) for g in groups):
+        time.sleep(0.2)
     killed = [g for g in groups if _alive(g, group=True)]
     for g in killed:
         _signal(g, signal.SIGKILL, group=True)
     if _alive(owner, group=False):
         _signal(owner, signal.SIGKILL, group=False)
-    time.sleep(0.5 if killed else 0.0)
-    left = [g for g in groups if _alive(g, group=True)]
+    deadline = time.monotonic() + 10.0
+    while (left := [g for g in groups if _alive(g, group=True)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
     with contextlib.suppress(FileNotFoundError):
         state_file.unlink()
     if left:
