@@ -119,6 +119,7 @@ class HealResult:
     id: str
     reason: str
     restart_s: float
+    healthy_at_s: float = 0.0  # the manager's clock when the restarted server first answered /health
 
 
 @dataclass
@@ -471,12 +472,13 @@ class PoolManager:
                     member.instance = fresh
                     self._write_state()
                     fresh.wait_healthy(self.settings.health_timeout_s)
+                    healthy_at = self._clock()
                 except InstanceStartError as err:
                     failures.append(f"{member_id}: {err}")
                     with self._unhealthy_lock:  # try again on the next heal
                         self._unhealthy.setdefault(member_id, reason)
                     continue
-                healed.append(HealResult(member_id, reason, self._clock() - t0))
+                healed.append(HealResult(member_id, reason, healthy_at - t0, healthy_at))
             self.heal_log.extend(healed)
             if failures:
                 raise InstanceStartError(f"pool {self.name}: heal failed for " + "\n".join(failures))
