@@ -26,11 +26,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 import numpy as np
 
+from controller.sources.prometheus import query_range_chunked as _chunked
 from forecaster.types import CHANNELS, MetricFrame
 
 MAX_POINTS_PER_QUERY = 10_000  # Prometheus' limit is 11,000; stay clear of off-by-one at the edges
@@ -117,30 +118,23 @@ def query_range_chunked(
     timeout_s: float = 60.0,
     max_points: int = MAX_POINTS_PER_QUERY,
 ) -> list[RawSeries]:
-    """Run a range query over [start_s, end_s] in chunks of at most ``max_points`` steps; merge by labels."""
-    if not step_s > 0:
-        raise ValueError(f"step_s must be > 0, got {step_s}")
-    if end_s < start_s:
-        raise ValueError(f"end_s ({end_s}) is before start_s ({start_s})")
-    n_steps = int(np.floor((end_s - start_s) / step_s + 1e-9)) + 1
-    merged: dict[tuple[tuple[str, str], ...], np.ndarray] = {}
-    for k0 in range(0, n_steps, max_points):
-        k1 = min(n_steps, k0 + max_points) - 1
-        result = client.custom_query_range(
-            promql,
-            start_time=datetime.fromtimestamp(start_s + k0 * step_s, tz=UTC),
-            end_time=datetime.fromtimestamp(start_s + k1 * step_s, tz=UTC),
-            step=f"{step_s:g}",
-            params={"timeout": f"{timeout_s:g}s"},
+    """Run a range query over [start_s, end_s] in chunks of at most ``max_points`` steps; merge by labels.
+
+    The chunking is the controller's (``controller.sources.prometheus.query_range_chunked``); this adapter only
+    turns a ``custom_query_range`` client into its one-chunk call and adds the server-side timeout.
+    """
+
+    def call(query: str, params: dict[str, str], span: tuple[datetime, datetime]) -> Any:
+        return client.custom_query_range(
+            query,
+            start_time=span[0],
+            end_time=span[1],
+            step=params["step"],
+            params={**params, "timeout": f"{timeout_s:g}s"},
         )
-        for item in result:
-            key = tuple(sorted((str(k), str(v)) for k, v in item.get("metric", {}).items()))
-            grid = merged.setdefault(key, np.full(n_steps, np.nan))
-            points = np.asarray(item.get("values", []), dtype=np.float64).reshape(-1, 2)
-            idx = np.rint((points[:, 0] - start_s) / step_s).astype(np.int64)
-            ok = (idx >= 0) & (idx < n_steps)
-            grid[idx[ok]] = points[ok, 1]
-    return [RawSeries(labels=dict(key), values=vals) for key, vals in merged.items()]
+
+    series = _chunked(call, promql, start_s=start_s, end_s=end_s, step_s=step_s, max_points=max_points)
+    return [RawSeries(labels=s.labels, values=s.values) for s in series]
 
 
 def counter_increase(values: np.ndarray) -> np.ndarray:
