@@ -214,6 +214,8 @@ class Daemon:
             leader = self._leader()
             counts = self._read_counts(now_s)
             samples = self.source.scrape(now_s)
+            if self.telemetry is not None:
+                self.telemetry.serving_counters(samples)
             result = self.pipeline.tick(samples, counts, now_s)
             applied = self._apply_all(result, counts, leader)
         except Exception as exc:  # the one error boundary: count, log, keep running

@@ -24,6 +24,7 @@ from controller.capacity import CapacityCache
 from controller.config import ControllerConfig, PolicyConfig
 from controller.policy import (
     PolicyContext,
+    PoolCapacity,
     PoolForecast,
     PoolObservation,
     PoolState,
@@ -211,7 +212,8 @@ class Pipeline:
 
     ``epoch_offset_s`` is added to ``now_s`` for the forecaster's time features (0 when ``now_s`` is
     already Unix time). ``guard_vanished``: mark a pool incomplete for a tick when instances vanish from
-    the scrape. ``gpu_budget``: GPUs shared by all pools (None = unbounded).
+    the scrape. ``gpu_budget``: GPUs shared by all pools (None = unbounded); ``gpu_shares``: pool -> GPUs of
+    the budget guaranteed to it (others borrow them only while it does not plan to use them).
     """
 
     def __init__(
@@ -220,6 +222,7 @@ class Pipeline:
         forecaster: Forecaster,
         *,
         gpu_budget: int | None = None,
+        gpu_shares: Mapping[str, int] | None = None,
         epoch_offset_s: float = 0.0,
         guard_vanished: bool = True,
     ) -> None:
@@ -233,6 +236,7 @@ class Pipeline:
         self.tracks = {p.name: _Track(p, CapacityCache(p.spec)) for p in pools}
         self.forecaster = forecaster
         self.gpu_budget = gpu_budget
+        self.gpu_shares = dict(gpu_shares or {})
         self.epoch_offset_s = epoch_offset_s
         self.guard_vanished = guard_vanished
         self.aggregator = LoadAggregator()
@@ -370,24 +374,94 @@ class Pipeline:
     ) -> dict[str, PoolDecision]:
         """Fit the plans into what the budget leaves after the pools held at their current scale."""
         assert self.gpu_budget is not None
-        held_gpus = 0
-        needs: dict[str, tuple[float, float]] = {}
-        gpus: dict[str, int] = {}
-        plans: list[ScalingPlan] = []
+        inputs = {}
         for name, d in decisions.items():
             track = self.tracks[name]
-            ctx = self._context(track, d.observation)
-            gpus[name] = ctx.capacity.gpus_per_instance
-            if d.plan is None:
-                c = counts[name]
-                held = sum(int(c.replicas.get(r, 0)) + int(c.standby.get(r, 0)) for r in ROLES)
-                held_gpus += held * gpus[name]
-                continue
-            need = stages.capacity_target(d.observation, ctx.capacity, ctx.slo_ttft_ms / 1000.0)
-            needs[name] = (need.prefill, need.decode) if need is not None else (0.0, 0.0)
-            plans.append(d.plan)
-        left = max(self.gpu_budget - held_gpus, 0)
+            cfg = track.setup.policy
+            inputs[name] = BudgetInput(
+                plan=d.plan,
+                observation=d.observation,
+                capacity=self._context(track, d.observation).capacity,
+                slo_ttft_ms=track.setup.spec.slo_ttft_ms,
+                counts=counts[name],
+                floor=(cfg.min_prefill, cfg.min_decode),
+                smoothed_rps=track.lengths.arrivals_ewma,
+            )
         out = dict(decisions)
-        for plan in allocate_budget(plans, needs, gpus, left):
-            out[plan.pool] = replace(decisions[plan.pool], plan=plan, reasons=plan.reasons)
+        for name, plan in fit_budget(self.gpu_budget, inputs, guarantees=self.gpu_shares).items():
+            if plan is not None and plan is not decisions[name].plan:
+                out[name] = replace(decisions[name], plan=plan, reasons=plan.reasons)
         return out
+
+
+@dataclass(frozen=True)
+class BudgetInput:
+    """One pool's part in the fleet's GPU budget: its plan (None = no opinion, held at its current scale),
+    what the risk is computed from, and the minimums the budget may not cut below."""
+
+    plan: ScalingPlan | None
+    observation: PoolObservation
+    capacity: PoolCapacity
+    slo_ttft_ms: float
+    counts: PoolCounts
+    floor: tuple[int, int] = (0, 0)  # (prefill, decode)
+    smoothed_rps: float = math.nan  # the pool's arrival rate over about a minute (NaN = unknown)
+
+    def risk_observation(self) -> PoolObservation:
+        """What the SLO risk is computed from: the observation with its load replaced by the smoothed
+        arrival rate times the smoothed lengths (queue and running sequences kept as measured).
+
+        A one-second reading of a low-rate, long-prompt pool swings by a whole request (0.3 req/s of 8k-token
+        prompts reads 0 or 8,000 tok/s), and its p90 forecast follows the swings; arbitrating the budget on
+        that gave such a pool the GPUs over a pool with a real queue (bench/bench_fleet.py).
+        """
+        o, rate = self.observation, self.smoothed_rps
+        if not (
+            math.isfinite(rate)
+            and math.isfinite(o.mean_prompt_tokens)
+            and math.isfinite(o.mean_output_tokens)
+        ):
+            return o
+        return replace(
+            o,
+            arrival_rps=rate,
+            prompt_tps=rate * o.mean_prompt_tokens,
+            gen_tps=rate * o.mean_output_tokens,
+            forecast=None,
+        )
+
+
+def fit_budget(
+    budget_gpus: int, pools: Mapping[str, BudgetInput], *, guarantees: Mapping[str, int] | None = None
+) -> dict[str, ScalingPlan | None]:
+    """All pools' plans of one tick fitted into ``budget_gpus`` by SLO risk (``allocate_budget``).
+
+    A pool without a plan keeps its current replicas and standby, and those GPUs come off the budget first.
+    Each planned pool's need (the SLO-risk numerator) is stage 1's instances for the SLO *now* on the load of
+    ``BudgetInput.risk_observation`` (the smoothed rate when known, else the p90 forecast or measured load),
+    plus the queue cleared within the TTFT SLO (no provisioning lead). ``guarantees``: pool -> GPUs no other
+    pool may borrow (see ``allocate_budget``). Plans that fit are returned unchanged (the same objects).
+    """
+    held_gpus = 0
+    plans: list[ScalingPlan] = []
+    gpus: dict[str, int] = {}
+    for name, b in pools.items():
+        gpus[name] = b.capacity.gpus_per_instance
+        if b.plan is None:
+            held = sum(int(b.counts.replicas.get(r, 0)) + int(b.counts.standby.get(r, 0)) for r in ROLES)
+            held_gpus += held * gpus[name]
+        else:
+            plans.append(b.plan)
+    left = max(budget_gpus - held_gpus, 0)
+    out: dict[str, ScalingPlan | None] = {name: b.plan for name, b in pools.items()}
+    if sum(p.gpus(gpus[p.pool]) for p in plans) <= left:
+        return out
+    needs: dict[str, tuple[float, float]] = {}
+    for plan in plans:
+        b = pools[plan.pool]
+        need = stages.capacity_target(b.risk_observation(), b.capacity, b.slo_ttft_ms / 1000.0)
+        needs[plan.pool] = (need.prefill, need.decode) if need is not None else (0.0, 0.0)
+    floors = {name: b.floor for name, b in pools.items()}
+    for plan in allocate_budget(plans, needs, gpus, left, floors=floors, guarantees=guarantees):
+        out[plan.pool] = plan
+    return out

@@ -12,13 +12,22 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+from pydantic import ValidationError
 
 from controller.capacity import CapacityCache
-from controller.config import PolicyConfig
-from controller.pipeline import LengthTracker, Pipeline, PoolCounts, PoolSetup, build_observation
+from controller.config import PolicyConfig, format_validation_error
+from controller.pipeline import (
+    BudgetInput,
+    LengthTracker,
+    Pipeline,
+    PoolCounts,
+    PoolSetup,
+    build_observation,
+    fit_budget,
+)
 from controller.policy import PoolObservation, ScalingPlan
 from controller.policy.dynamo import DynamoConfig, DynamoState, decide_dynamo
 from controller.policy.reactive import ReactiveConfig, ReactiveState, decide_reactive
@@ -85,7 +94,7 @@ def _epoch_offset(trace: Trace | None) -> float:
 
 
 class _ControllerPolicy:
-    """Shared plumbing: tracks, aggregation, the tick interval."""
+    """Shared plumbing: tracks, aggregation, the tick interval, the fleet's GPU budget."""
 
     name = "controller"
 
@@ -95,6 +104,8 @@ class _ControllerPolicy:
         self.last_tick_s = math.nan
         self.decisions: list[tuple[float, ScalingPlan]] = []
         self.last_obs: dict[str, PoolObservation] = {}
+        self.gpu_budget: int | None = None
+        self.gpu_shares: dict[str, int] = {}  # pool -> GPUs of the budget guaranteed to it
 
     def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
         _require_disaggregated(fleet, self.name)
@@ -103,6 +114,7 @@ class _ControllerPolicy:
         self.last_tick_s = math.nan
         self.decisions = []
         self.last_obs = {}
+        self.gpu_budget = fleet.gpu_budget
 
     def _loads(self, view: ReplayView) -> tuple[dict[str, PoolLoad], float]:
         dt = view.now_s - self.last_tick_s if math.isfinite(self.last_tick_s) else 1.0
@@ -112,63 +124,108 @@ class _ControllerPolicy:
             self.tracks[name].lengths.update(load, dt)
         return loads, dt
 
+    def _commands(self, now_s: float, inputs: Mapping[str, BudgetInput]) -> list[ScaleCommand]:
+        """Every pool's plan of this tick, fitted into the fleet's GPU budget by SLO risk, as commands."""
+        plans = {}
+        if self.gpu_budget is not None:
+            plans = fit_budget(self.gpu_budget, inputs, guarantees=self.gpu_shares)
+        out: list[ScaleCommand] = []
+        for name, b in inputs.items():
+            plan = plans.get(name, b.plan)
+            if plan is not None:
+                self.decisions.append((now_s, plan))
+                track = self.tracks[name]
+                out.extend(plan_commands(plan, track.spec, track.replicas))
+        return out
+
 
 class ReactivePolicy(_ControllerPolicy):
-    """HPA-like scaling on measured load (controller.policy.reactive)."""
+    """HPA-like scaling on measured load (controller.policy.reactive); the fleet's GPU budget by SLO risk.
+
+    ``pool_configs``: per-pool configs (pool name -> config) over ``config`` for the pools they name.
+    """
 
     name = "reactive"
 
-    def __init__(self, config: ReactiveConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: ReactiveConfig | None = None,
+        pool_configs: Mapping[str, ReactiveConfig] | None = None,
+        gpu_shares: Mapping[str, int] | None = None,
+    ) -> None:
         super().__init__()
+        self.gpu_shares = dict(gpu_shares or {})
         self.config = config or ReactiveConfig()
+        self.pool_configs = dict(pool_configs or {})
+        self.configs: dict[str, ReactiveConfig] = {}
         self.states: dict[str, ReactiveState] = {}
 
     def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
         super().reset(fleet, traces)
+        _check_pool_names(self.pool_configs, fleet, self.name)
+        self.configs = {
+            p.name: with_spec_bounds(self.pool_configs.get(p.name, self.config), p) for p in fleet.pools
+        }
         self.states = {p.name: ReactiveState() for p in fleet.pools}
 
     def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
         loads, _ = self._loads(view)
-        out: list[ScaleCommand] = []
+        inputs: dict[str, BudgetInput] = {}
         for name, track in self.tracks.items():
+            cfg = self.configs[name]
             counts = view_counts(name, view, track.replicas)
             obs = build_observation(name, loads[name], counts, view.now_s, None, track.lengths)
             cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
             plan, self.states[name] = decide_reactive(
-                obs, cap, self.config, track.spec.slo_ttft_ms, self.states[name]
+                obs, cap, cfg, track.spec.slo_ttft_ms, self.states[name]
             )
-            if plan is not None:
-                self.decisions.append((now_s, plan))
-                out.extend(plan_commands(plan, track.spec, track.replicas))
-        return out
+            floor = (cfg.min_prefill, cfg.min_decode)
+            inputs[name] = BudgetInput(
+                plan, obs, cap, track.spec.slo_ttft_ms, counts, floor, track.lengths.arrivals_ewma
+            )
+        return self._commands(now_s, inputs)
 
 
 class DynamoLikePolicy(_ControllerPolicy):
-    """Dynamo planner's SLA mode (controller.policy.dynamo)."""
+    """Dynamo planner's SLA mode (controller.policy.dynamo); the fleet's GPU budget by SLO risk."""
 
     name = "dynamo-like"
 
-    def __init__(self, config: DynamoConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: DynamoConfig | None = None,
+        pool_configs: Mapping[str, DynamoConfig] | None = None,
+        gpu_shares: Mapping[str, int] | None = None,
+    ) -> None:
         super().__init__()
+        self.gpu_shares = dict(gpu_shares or {})
         self.config = config or DynamoConfig()
+        self.pool_configs = dict(pool_configs or {})
+        self.configs: dict[str, DynamoConfig] = {}
         self.states: dict[str, DynamoState] = {}
 
     def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
         super().reset(fleet, traces)
+        _check_pool_names(self.pool_configs, fleet, self.name)
+        self.configs = {
+            p.name: with_spec_bounds(self.pool_configs.get(p.name, self.config), p) for p in fleet.pools
+        }
         self.states = {p.name: DynamoState() for p in fleet.pools}
 
     def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
         loads, dt = self._loads(view)
-        out: list[ScaleCommand] = []
+        inputs: dict[str, BudgetInput] = {}
         for name, track in self.tracks.items():
+            cfg = self.configs[name]
             counts = view_counts(name, view, track.replicas)
             obs = build_observation(name, loads[name], counts, view.now_s, None, track.lengths)
             cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
-            plan, self.states[name] = decide_dynamo(obs, cap, self.config, dt, self.states[name])
-            if plan is not None:
-                self.decisions.append((now_s, plan))
-                out.extend(plan_commands(plan, track.spec, track.replicas))
-        return out
+            plan, self.states[name] = decide_dynamo(obs, cap, cfg, dt, self.states[name])
+            floor = (cfg.min_prefill, cfg.min_decode)
+            inputs[name] = BudgetInput(
+                plan, obs, cap, track.spec.slo_ttft_ms, counts, floor, track.lengths.arrivals_ewma
+            )
+        return self._commands(now_s, inputs)
 
 
 ForecasterFactory = Callable[[], Forecaster]
@@ -186,16 +243,26 @@ class PredictivePolicy:
     ``controller.policy.decide`` (capacity from the p90 forecast, headroom, buffer, standby, P:D, hysteresis).
 
     A thin adapter over ``controller.pipeline.Pipeline``, the same per-tick core the live daemon runs: this
-    class only turns the replay view into ``PoolCounts`` and plans into scale commands. The simulator
-    enforces the fleet's GPU budget itself, so the pipeline gets none here.
+    class only turns the replay view into ``PoolCounts`` and plans into scale commands. All pools are decided
+    in one tick; the pipeline gets the fleet's ``gpu_budget`` and, when it binds, gives the GPUs to the pool at
+    the highest SLO risk (``controller.policy.decide.allocate_budget``; the simulator also refuses to start
+    instances beyond the budget). ``gpu_shares`` (pool -> GPUs) are guaranteed: another pool borrows them only
+    while their pool does not plan to use them. ``pool_configs`` (pool name -> config) override ``config``
+    per pool; each pool's min/max are narrowed to its ``PoolSpec`` bounds.
     """
 
     name = "predictive"
 
     def __init__(
-        self, config: PolicyConfig | None = None, forecaster: ForecasterFactory = default_forecaster
+        self,
+        config: PolicyConfig | None = None,
+        forecaster: ForecasterFactory = default_forecaster,
+        pool_configs: Mapping[str, PolicyConfig] | None = None,
+        gpu_shares: Mapping[str, int] | None = None,
     ) -> None:
         self.config = config or PolicyConfig()
+        self.gpu_shares = dict(gpu_shares or {})
+        self.pool_configs = dict(pool_configs or {})
         self.make_forecaster = forecaster
         self.forecaster: Forecaster | None = None
         self.pipeline: Pipeline | None = None
@@ -206,15 +273,20 @@ class PredictivePolicy:
 
     def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
         _require_disaggregated(fleet, self.name)
+        _check_pool_names(self.pool_configs, fleet, self.name)
         self.specs = {p.name: p for p in fleet.pools}
         self.replicas = {p.name: {} for p in fleet.pools}
         self.decisions = []
         self.last_obs = {}
         self.forecaster = self.make_forecaster()
+        setups = [
+            PoolSetup(p, with_spec_bounds(self.pool_configs.get(p.name, self.config), p)) for p in fleet.pools
+        ]
         self.pipeline = Pipeline(
-            [PoolSetup(p, self.config) for p in fleet.pools],
+            setups,
             self.forecaster,
-            gpu_budget=None,
+            gpu_budget=fleet.gpu_budget,
+            gpu_shares=self.gpu_shares,
             epoch_offset_s=_epoch_offset(traces.get(fleet.pools[0].name)),
             guard_vanished=False,  # the simulator's instances leave only by scale-down: nothing is hidden
         )
@@ -232,6 +304,37 @@ class PredictivePolicy:
             self.decisions.append((now_s, plan))
             out.extend(plan_commands(plan, self.specs[name], self.replicas[name]))
         return out
+
+
+C = TypeVar("C", PolicyConfig, ReactiveConfig, DynamoConfig)
+
+
+def with_spec_bounds(config: C, spec: PoolSpec) -> C:
+    """``config`` with its per-role min/max narrowed to the pool's bounds (``PoolSpec.prefill``/``decode``):
+    the policy never plans what the actuator would clamp away, so the GPU budget counts what will run."""
+    update = {
+        "min_prefill": max(config.min_prefill, spec.prefill.min),
+        "max_prefill": min(config.max_prefill, spec.prefill.max),
+        "min_decode": max(config.min_decode, spec.decode.min),
+        "max_decode": min(config.max_decode, spec.decode.max),
+    }
+    if all(getattr(config, k) == v for k, v in update.items()):
+        return config
+    try:
+        return type(config).model_validate({**config.model_dump(), **update})
+    except ValidationError as exc:
+        raise ValueError(
+            f"pool {spec.name!r}: the policy's bounds do not fit the pool's: {format_validation_error(exc)}"
+        ) from None
+
+
+def _check_pool_names(configs: Mapping[str, object], fleet: FleetSpec, policy: str) -> None:
+    unknown = sorted(set(configs) - {p.name for p in fleet.pools})
+    if unknown:
+        raise ValueError(
+            f"policy {policy!r}: per-pool parameters for {unknown}, which the fleet does not have "
+            f"(pools: {[p.name for p in fleet.pools]})"
+        )
 
 
 @dataclass
@@ -300,11 +403,42 @@ def oracle_needs(pool: PoolSpec, trace: Trace, window_s: float) -> tuple[np.ndar
     return prefill, decode
 
 
+POOL_PARAMS = "pools"  # PolicyOptions.params key: {pool name: {config field: value}} per-pool overrides
+GPU_SHARES = "gpu_shares"  # PolicyOptions.params key: {pool name: GPUs of the budget guaranteed to it}
+
+
 def _policy_config(options: PolicyOptions, model: type[Any]) -> Any:
+    params = {k: v for k, v in options.params.items() if k not in (POOL_PARAMS, GPU_SHARES)}
     try:
-        return model(**dict(options.params))
+        return model(**params)
     except Exception as exc:  # pydantic's ValidationError names the field
         raise ValueError(f"invalid parameters for the policy: {exc}") from exc
+
+
+def _pool_configs(options: PolicyOptions, base: C) -> dict[str, C]:
+    """Per-pool configs from ``options.params["pools"]``: each pool's overrides over ``base``, validated by
+    the policy's own pydantic model (errors name the pool and the field)."""
+    raw = options.params.get(POOL_PARAMS, {})
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"policy parameter {POOL_PARAMS!r} must map pool names to parameter mappings")
+    out: dict[str, C] = {}
+    for pool, overrides in raw.items():
+        if not isinstance(overrides, Mapping):
+            raise ValueError(f"pools[{pool}].policy must be a mapping of parameters, got {overrides!r}")
+        try:
+            out[str(pool)] = type(base).model_validate({**base.model_dump(), **overrides})
+        except ValidationError as exc:
+            raise ValueError(format_validation_error(exc, f"pools[{pool}].policy")) from None
+    return out
+
+
+def _gpu_shares(options: PolicyOptions) -> dict[str, int]:
+    raw = options.params.get(GPU_SHARES, {})
+    if not isinstance(raw, Mapping) or not all(isinstance(v, int) and v >= 0 for v in raw.values()):
+        raise ValueError(
+            f"policy parameter {GPU_SHARES!r} must map pool names to GPU counts >= 0, got {raw!r}"
+        )
+    return {str(k): int(v) for k, v in raw.items()}
 
 
 def _no_counts(options: PolicyOptions, name: str) -> None:
@@ -316,17 +450,20 @@ def _no_counts(options: PolicyOptions, name: str) -> None:
 
 def _reactive(options: PolicyOptions) -> ReplayPolicy:
     _no_counts(options, "reactive")
-    return ReactivePolicy(_policy_config(options, ReactiveConfig))
+    base: ReactiveConfig = _policy_config(options, ReactiveConfig)
+    return ReactivePolicy(base, _pool_configs(options, base), _gpu_shares(options))
 
 
 def _dynamo(options: PolicyOptions) -> ReplayPolicy:
     _no_counts(options, "dynamo-like")
-    return DynamoLikePolicy(_policy_config(options, DynamoConfig))
+    base: DynamoConfig = _policy_config(options, DynamoConfig)
+    return DynamoLikePolicy(base, _pool_configs(options, base), _gpu_shares(options))
 
 
 def _predictive(options: PolicyOptions) -> ReplayPolicy:
     _no_counts(options, "predictive")
-    return PredictivePolicy(_policy_config(options, PolicyConfig))
+    base: PolicyConfig = _policy_config(options, PolicyConfig)
+    return PredictivePolicy(base, pool_configs=_pool_configs(options, base), gpu_shares=_gpu_shares(options))
 
 
 def _oracle(options: PolicyOptions) -> ReplayPolicy:

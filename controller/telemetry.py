@@ -15,12 +15,14 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from controller.clock import Clock
 from controller.policy import PoolForecast, ScalingPlan
 from controller.policy.types import ROLES
+from serving.sim.samples import STANDBY_PROMOTIONS_TOTAL, TAIL_PROMOTIONS_TOTAL, InstanceSamples
 
 ERROR_KINDS: tuple[str, ...] = (
     "source_unavailable",
@@ -91,6 +93,20 @@ class Telemetry:
         self.forecast_failures = Counter(
             p + "forecast_failures", "Ticks whose forecast failed (measured load used)", registry=r
         )
+        self.tail_promotions = Gauge(
+            p + "serving_tail_promotions",
+            "Tail-request promotions counted by the serving instances (sum of pdscale:tail_promotions_total over"
+            " the instances alive now), by pool",
+            ["pool"],
+            registry=r,
+        )
+        self.standby_promotions = Gauge(
+            p + "serving_standby_promotions",
+            "Standby instances promoted for a waiting tail request (sum of pdscale:standby_promotions_total over"
+            " the instances alive now), by pool",
+            ["pool"],
+            registry=r,
+        )
         for kind in ERROR_KINDS:
             self.errors.labels(kind=kind)
         self._lock = threading.Lock()
@@ -148,6 +164,19 @@ class Telemetry:
             self.target_replicas.labels(pool=pool, role=role, tier="active").set(plan.count(role))
             self.target_replicas.labels(pool=pool, role=role, tier="standby").set(plan.standby(role))
         self.degraded.labels(pool=pool).set(1.0 if plan.degrade else 0.0)
+
+    def serving_counters(self, samples: InstanceSamples) -> None:
+        """Mirror the serving side's tail-request counters per pool (absent metric: gauge left as it was)."""
+        pools = np.asarray(samples.pools, dtype=object)
+        for metric, gauge in (
+            (TAIL_PROMOTIONS_TOTAL, self.tail_promotions),
+            (STANDBY_PROMOTIONS_TOTAL, self.standby_promotions),
+        ):
+            values = samples.counters.get(metric)
+            if values is None:
+                continue
+            for pool in sorted(set(samples.pools)):
+                gauge.labels(pool=pool).set(float(np.nansum(values[pools == pool])))
 
     def change(self, pool: str, role: str, tier: str, before: int, after: int) -> None:
         direction = "up" if after > before else "down"

@@ -36,11 +36,14 @@ has started, alarms up to ``H`` seconds after it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from forecaster.features import future_sums
+from forecaster.types import CHANNELS, ForecastBatch, Forecaster
 
 TIE_RTOL = 1e-9  # relative margin that makes exact ties (e.g. a flat series) robust to rounding
 
@@ -228,3 +231,269 @@ def choose_alarm_threshold(
         if f1 >= best_f1:
             best, best_f1 = float(thr), f1
     return best
+
+
+# ---------------------------------------------------------------------------------------------------
+# A streaming onset detector that needs no training
+#
+# Reactive by nature: it fires on the first seconds of a rise it has *seen*. Against the onset definition
+# above (the first decision whose *next* H seconds hold the burst) its best lead is about -1 s; after a
+# silence the first burst request arrives exactly H seconds after the onset (the onset is the first
+# decision whose window reaches it), so such onsets cannot be caught within a lag shorter than H by any
+# detector that reacts to arrivals (docs/FORECASTER.md, "Onset detector").
+
+
+@dataclass(frozen=True)
+class OnsetDetectorConfig:
+    """Settings of :func:`onset_scores` / :class:`OnsetDetector` (defaults chosen a priori, not tuned).
+
+    ``trailing_s``: seconds of baseline (the burst definition's 60 s). ``evidence_s``: the detector tests
+    the sums of the last 1 .. ``evidence_s`` seconds against the baseline that ends just before them.
+    ``hold_s``: after a score, the output holds the running maximum of the last ``hold_s`` scores (a
+    refractory period: one rising edge per burst; the definition's onsets are >= 31 s apart).
+    ``decades``: a Bonferroni-corrected p-value of ``10**-decades`` maps to score 1 (``10**-(decades/2)``
+    to 0.5). ``rate_factor``: a k-second sum counts as evidence only when its rate exceeds
+    ``rate_factor`` × the definition's threshold ``max(2 m, m + 3 σ)`` of the baseline.
+    """
+
+    trailing_s: int = 60
+    evidence_s: int = 3
+    hold_s: int = 30
+    decades: float = 6.0
+    rate_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("trailing_s", "evidence_s", "hold_s"):
+            v = getattr(self, name)
+            if v != int(v) or v < 1:
+                problems.append(f"{name} must be a whole number >= 1, got {v}")
+        if not (math.isfinite(self.decades) and self.decades > 0):
+            problems.append(f"decades must be a finite number > 0, got {self.decades}")
+        if not (math.isfinite(self.rate_factor) and self.rate_factor >= 0):
+            problems.append(f"rate_factor must be a finite number >= 0, got {self.rate_factor}")
+        if problems:
+            raise ValueError("OnsetDetectorConfig: " + "; ".join(problems))
+
+    @property
+    def warmup_s(self) -> int:
+        """Seconds observed before the first score (earlier scores are NaN)."""
+        return self.trailing_s + self.evidence_s
+
+
+def _raw_scores(
+    base_s: np.ndarray, base_ss: np.ndarray, evid: np.ndarray, cfg: OnsetDetectorConfig
+) -> np.ndarray:
+    """Scores in [0, 1] from the baseline's sum / sum of squares ``[M]`` and evidence sums ``[M, K]``.
+
+    ``evid[:, k-1]`` = arrivals in the last ``k`` seconds. Shared by the offline and streaming paths, so both
+    do the same arithmetic. Null model per k: negative binomial with mean ``k m`` and variance ``k m D``
+    (``D`` = variance / mean of the baseline's per-second counts, floored at 1; ``m`` floored at half a
+    request per baseline window so that silence is not infinitely surprising).
+    """
+    from forecaster.baselines import count_exceed_prob  # lazy: baselines imports this module
+
+    w, k_max = cfg.trailing_s, cfg.evidence_s
+    mean, sigma = mean_sigma_from_sums(base_s, base_ss, w)
+    thr = threshold_from_stats(mean, sigma)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        disp = np.where(mean > 0, sigma * sigma / np.where(mean > 0, mean, 1.0), 1.0)
+    disp = np.maximum(disp, 1.0)
+    m = np.maximum(mean, 0.5 / w)
+    p_min = np.ones(len(base_s))
+    for k in range(1, k_max + 1):  # a handful of vectorised passes
+        s_k = evid[:, k - 1]
+        gate = (s_k > 0) & (s_k / k > cfg.rate_factor * thr * (1.0 + TIE_RTOL))
+        p = np.ones(len(base_s))
+        if gate.any():
+            p[gate] = count_exceed_prob(s_k[gate] - 1.0, k * m[gate], disp[gate])  # P(N >= s_k)
+        p_min = np.minimum(p_min, p)
+    with np.errstate(divide="ignore"):
+        decades = -np.log10(np.clip(k_max * p_min, 1e-300, 1.0))
+    return np.clip(decades / cfg.decades, 0.0, 1.0)
+
+
+def _running_max(x: np.ndarray, width: int) -> np.ndarray:
+    """``max(x[t-width+1 .. t])`` over the values that exist, NaN ignored (all NaN -> NaN)."""
+    if width == 1 or len(x) == 0:
+        return x.copy()
+    filled = np.where(np.isnan(x), -np.inf, x)
+    padded = np.concatenate((np.full(width - 1, -np.inf), filled))
+    out = np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
+    return np.where(np.isneginf(out), np.nan, out)
+
+
+def onset_scores(arrivals_per_s: np.ndarray, config: OnsetDetectorConfig | None = None) -> np.ndarray:
+    """Offline, vectorised: the detector's output for every second of a complete per-second series.
+
+    ``out[t]`` uses ``counts[:t+1]`` only (causal) and equals what :class:`OnsetDetector` returns after its
+    ``t+1``-th update (tested). NaN during the warm-up (``config.warmup_s - 1`` seconds). Score in [0, 1]:
+    a monotone map of how surprising the last 1 .. ``evidence_s`` seconds are against the trailing baseline
+    (not a calibrated probability; 0.5 = a Bonferroni p-value of ``10**-(decades/2)``), held for ``hold_s``.
+    """
+    cfg = config or OnsetDetectorConfig()
+    y = _check_counts(arrivals_per_s)
+    w, k_max = cfg.trailing_s, cfg.evidence_s
+    n = len(y)
+    raw = np.full(n, np.nan)
+    first = w + k_max - 1
+    if n > first:
+        cs = np.concatenate(([0.0], np.cumsum(y)))
+        cs2 = np.concatenate(([0.0], np.cumsum(y * y)))
+        t = np.arange(first, n)
+        base_s = cs[t - k_max + 1] - cs[t - k_max - w + 1]
+        base_ss = cs2[t - k_max + 1] - cs2[t - k_max - w + 1]
+        evid = np.stack([cs[t + 1] - cs[t + 1 - k] for k in range(1, k_max + 1)], axis=1)
+        raw[first:] = _raw_scores(base_s, base_ss, evid, cfg)
+    return _running_max(raw, cfg.hold_s)
+
+
+def _push(buf: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """Shift ``buf[rows]`` one column left (oldest out) and append ``values[rows]``; in place."""
+    if rows.all():  # the common case: no fancy-indexed copies
+        buf[:, :-1] = buf[:, 1:]
+        buf[:, -1] = values
+    else:
+        buf[rows] = np.concatenate((buf[rows, 1:], values[rows, None]), axis=1)
+
+
+class OnsetDetector:
+    """Streaming :func:`onset_scores`, batched over nodes: ``update(counts [N]) -> scores [N]`` once a second.
+
+    A NaN (unknown) count leaves that node's state untouched and gives a NaN score for this update (an
+    outage is not a silence). Memory per node: ``trailing_s + evidence_s + hold_s`` floats. No torch, and
+    scipy only at the first score.
+    """
+
+    def __init__(self, config: OnsetDetectorConfig | None = None, n_nodes: int = 0) -> None:
+        self.config = config or OnsetDetectorConfig()
+        self.reset(n_nodes)
+
+    def reset(self, n_nodes: int) -> None:
+        """Forget everything; track ``n_nodes`` fresh nodes."""
+        cfg = self.config
+        self._buf = np.zeros((n_nodes, cfg.trailing_s + cfg.evidence_s))  # oldest first
+        self._seen = np.zeros(n_nodes, dtype=np.int64)
+        self._held = np.full((n_nodes, cfg.hold_s), np.nan)  # last hold_s raw scores, oldest first
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self._buf.shape[0])
+
+    def take(self, keep: np.ndarray) -> None:
+        """Re-index nodes: row ``i`` becomes old row ``keep[i]``, or a fresh node where ``keep[i] < 0``."""
+        keep = np.asarray(keep, dtype=np.int64)
+        old = (self._buf, self._seen, self._held)
+        self.reset(len(keep))
+        src = keep >= 0
+        self._buf[src], self._seen[src], self._held[src] = (a[keep[src]] for a in old)
+
+    def update(self, counts: np.ndarray) -> np.ndarray:
+        """Consume one second of arrivals per node (NaN = unknown) and return each node's score."""
+        cfg = self.config
+        c = np.asarray(counts, dtype=np.float64)
+        if c.shape != (self.n_nodes,):
+            raise ValueError(f"OnsetDetector.update: counts {c.shape} != [{self.n_nodes} nodes]")
+        ok = np.isfinite(c)
+        out = np.full(self.n_nodes, np.nan)
+        if not ok.any():
+            return out
+        _push(self._buf, ok, c)
+        self._seen[ok] += 1
+        ready = ok & (self._seen >= cfg.warmup_s)
+        raw = np.full(self.n_nodes, np.nan)
+        if ready.any():
+            b = self._buf[ready]
+            base = b[:, : cfg.trailing_s]
+            tail = b[:, cfg.trailing_s :][:, ::-1]  # newest first
+            evid = np.cumsum(tail, axis=1)  # evid[:, k-1] = last k seconds
+            raw[ready] = _raw_scores(base.sum(axis=1), (base * base).sum(axis=1), evid, cfg)
+        _push(self._held, ok, raw)
+        h = self._held[ok]
+        with np.errstate(invalid="ignore"):
+            mx = np.where(np.isnan(h), -np.inf, h).max(axis=1)
+        out[ok] = np.where(np.isneginf(mx), np.nan, mx)
+        return out
+
+
+def combine_burst(learned: np.ndarray, detector: np.ndarray) -> np.ndarray:
+    """The burst probability the controller should read: the larger of the two; NaN only where both are."""
+    a = np.asarray(learned, dtype=np.float64)
+    b = np.asarray(detector, dtype=np.float64)
+    return np.where(np.isnan(a), b, np.where(np.isnan(b), a, np.maximum(a, b)))
+
+
+def silent_onsets(
+    arrivals_per_s: np.ndarray, onsets: np.ndarray, max_lag_s: int = 3, trailing_s: int = 60
+) -> np.ndarray:
+    """Bool per onset: no arrival in its trailing window nor in the ``max_lag_s`` seconds after it.
+
+    Everything observed up to ``o + max_lag_s`` is then silence, exactly as if no burst were coming, so
+    no detector that reacts to arrivals can catch such an onset within ``max_lag_s`` — except by alarming
+    during silence, which it would do in every silence alike. ``1 - silent.mean()`` bounds the recall
+    of any reactive detector (docs/FORECASTER.md, "Onset detector").
+    """
+    y = _check_counts(arrivals_per_s)
+    o = np.asarray(onsets, dtype=np.int64)
+    cs = np.concatenate(([0.0], np.cumsum(y)))
+    lo = np.clip(o - int(trailing_s) + 1, 0, len(y))
+    hi = np.clip(o + int(max_lag_s) + 1, 0, len(y))
+    return np.asarray(cs[hi] - cs[lo] == 0.0)
+
+
+class OnsetBoostedForecaster:
+    """Any :class:`forecaster.types.Forecaster` with its ``burst_prob`` raised to the onset detector's score.
+
+    ``step`` forwards to ``inner`` and returns its forecast with ``burst_prob = combine_burst(inner's,
+    detector's)``; the detector reads the ``arrival_rps`` channel as per-second counts (one step = 1 s),
+    NaN or masked = unknown. Imports neither torch nor statsmodels, so the controller can wrap a baseline
+    or the learned model alike. Example::
+
+        fc = OnsetBoostedForecaster(LearnedForecaster.load(path))   # or EWMA(), ...
+        fc.reset(["pool-a"]); batch = fc.step(x, mask, now_s)       # batch.burst_prob includes the detector
+    """
+
+    def __init__(self, inner: Forecaster, config: OnsetDetectorConfig | None = None) -> None:
+        self.inner = inner
+        self.detector = OnsetDetector(config)
+        self.name = f"{inner.name}+onset"
+        self.horizon_s = inner.horizon_s
+        self._node_ids: tuple[str, ...] = ()
+        self._arrivals = CHANNELS.index("arrival_rps")
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return self._node_ids
+
+    def reset(self, node_ids: Sequence[str]) -> None:
+        """Forget all state (inner forecaster's and detector's) and track these nodes, in this order."""
+        self.inner.reset(node_ids)
+        self._node_ids = tuple(node_ids)
+        self.detector.reset(len(self._node_ids))
+
+    def ensure_nodes(self, node_ids: Sequence[str]) -> None:
+        """Track exactly these nodes: known ones keep their detector state (and the inner forecaster's, when it
+        has ``ensure_nodes``; otherwise the inner forecaster is reset), new ones start fresh."""
+        ids = tuple(node_ids)
+        if ids == self._node_ids:
+            return
+        ensure = getattr(self.inner, "ensure_nodes", None)
+        if callable(ensure):
+            ensure(ids)
+        else:
+            self.inner.reset(ids)
+        old = {nid: i for i, nid in enumerate(self._node_ids)}
+        self.detector.take(np.array([old.get(nid, -1) for nid in ids], dtype=np.int64))
+        self._node_ids = ids
+
+    def step(self, x: np.ndarray, mask: np.ndarray, now_s: float = math.nan) -> ForecastBatch:
+        """The inner forecast with the detector's score folded into ``burst_prob`` (see the class doc)."""
+        fb = self.inner.step(x, mask, now_s)
+        a = np.asarray(x, dtype=np.float64)[:, self._arrivals]
+        seen = np.asarray(mask, dtype=bool)[:, self._arrivals] & np.isfinite(a)
+        score = self.detector.update(np.where(seen, a, np.nan))
+        return replace(
+            fb,
+            burst_prob=combine_burst(fb.burst_prob, score),
+            model_version=f"{fb.model_version}+onset",
+        )

@@ -6,14 +6,18 @@ Heavy imports (torch, lightning) happen inside the commands, so ``--help`` is in
 from __future__ import annotations
 
 import json
+import logging
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from training.fit import FrameSource, TraceSource
 
 app = typer.Typer(
     name="train-forecaster",
@@ -57,6 +61,61 @@ def _synthetic_fn() -> Any:
     from training.synthetic import bursty_synthetic
 
     return bursty_synthetic
+
+
+def _load_sources(
+    trace: list[Path] | None,
+    fmt: str | None,
+    prometheus: str | None,
+    *,
+    range_: str,
+    step: str,
+    end: str | None,
+    node_label: str,
+    query_timeout_s: float,
+) -> tuple[list[TraceSource], list[FrameSource]]:
+    """Read the ``--trace`` files and the ``--prometheus`` history: ``(TraceSource list, FrameSource list)``.
+
+    Shared by ``fit`` and ``tune``, so both read their data the same way.
+    """
+    from serving.workload.readers import read_trace
+    from training.data import sha256_file
+    from training.fit import FrameSource, TraceSource
+    from training.prometheus_history import connect, load_prometheus_history, parse_duration_s
+
+    sources: list[TraceSource] = []
+    for path in trace or []:
+        if not path.is_file():
+            raise typer.BadParameter(f"--trace {path}: no such file")
+        tr = read_trace(path, fmt)
+        sources.append(TraceSource(name=str(path), trace=tr, sha256=sha256_file(path)))
+        console.print(
+            f"[green]read[/] {path}: {len(tr):,} requests over {tr.duration_s:,.0f} s ({tr.format})"
+        )
+    frames: list[FrameSource] = []
+    if prometheus is not None:
+        step_s = parse_duration_s(step)
+        range_s = parse_duration_s(range_)
+        end_s = _parse_end_s(end)
+        client = connect(prometheus, query_timeout_s)
+        frame = load_prometheus_history(
+            client,
+            end_s=end_s,
+            range_s=range_s,
+            step_s=step_s,
+            node_label=node_label,
+            timeout_s=query_timeout_s,
+            progress=lambda m: console.print(f"[dim]query[/] {m}"),
+        )
+        if not frame.node_ids:
+            raise typer.BadParameter(
+                f"--prometheus {prometheus}: no vLLM series with label {node_label!r} in the last {range_}"
+            )
+        console.print(
+            f"[green]read[/] {prometheus}: {len(frame.node_ids)} nodes × {len(frame.times_s):,} steps"
+        )
+        frames.append(FrameSource(name=prometheus, frame=frame))
+    return sources, frames
 
 
 @app.command("fit")
@@ -180,55 +239,16 @@ def fit_cmd(
 
     import numpy as np
 
-    from serving.workload.readers import read_trace
     from training.augment import MaskingConfig
-    from training.data import sha256_file
     from training.datamodule import WindowConfig
-    from training.fit import (
-        AugmentConfig,
-        FrameSource,
-        LabelConfig,
-        TraceSource,
-        TrainerConfig,
-        build_series,
-        fit_forecaster,
-    )
-    from training.prometheus_history import connect, load_prometheus_history, parse_duration_s
+    from training.fit import AugmentConfig, LabelConfig, TrainerConfig, build_series, fit_forecaster
 
     if not trace and prometheus is None and synthetic == 0:
         raise typer.BadParameter("give at least one --trace FILE, --prometheus URL, or --synthetic N > 0")
-    sources = []
-    for path in trace or []:
-        if not path.is_file():
-            raise typer.BadParameter(f"--trace {path}: no such file")
-        tr = read_trace(path, fmt)
-        sources.append(TraceSource(name=str(path), trace=tr, sha256=sha256_file(path)))
-        console.print(
-            f"[green]read[/] {path}: {len(tr):,} requests over {tr.duration_s:,.0f} s ({tr.format})"
-        )
-    frames = []
-    if prometheus is not None:
-        step_s = parse_duration_s(step)
-        range_s = parse_duration_s(range_)
-        end_s = _parse_end_s(end)
-        client = connect(prometheus, query_timeout_s)
-        frame = load_prometheus_history(
-            client,
-            end_s=end_s,
-            range_s=range_s,
-            step_s=step_s,
-            node_label=node_label,
-            timeout_s=query_timeout_s,
-            progress=lambda m: console.print(f"[dim]query[/] {m}"),
-        )
-        if not frame.node_ids:
-            raise typer.BadParameter(
-                f"--prometheus {prometheus}: no vLLM series with label {node_label!r} in the last {range_}"
-            )
-        console.print(
-            f"[green]read[/] {prometheus}: {len(frame.node_ids)} nodes × {len(frame.times_s):,} steps"
-        )
-        frames.append(FrameSource(name=prometheus, frame=frame))
+    sources, frames = _load_sources(
+        trace, fmt, prometheus, range_=range_, step=step, end=end, node_label=node_label,
+        query_timeout_s=query_timeout_s,
+    )  # fmt: skip
     labels = LabelConfig(
         horizon_s=horizon_s,
         lead_s=burst_lead_s,
@@ -346,6 +366,292 @@ def export_cmd(
 
     version = export_lightning_checkpoint(checkpoint, out)
     Console().print(f"wrote {out} (model_version {version})")
+
+
+def _int_list(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as e:
+        raise typer.BadParameter(f"{option} {text!r}: give comma-separated integers, e.g. 30,60,120") from e
+    if not values:
+        raise typer.BadParameter(f"{option} {text!r}: give at least one value")
+    return values
+
+
+@app.command("tune")
+def tune_cmd(
+    trace: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--trace", help="Request trace file (repeatable): Azure CSV, Mooncake JSONL, BurstGPT CSV."
+        ),
+    ] = None,
+    fmt: Annotated[
+        str | None, typer.Option("--format", help="Trace format; detected from the file when omitted.")
+    ] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option("--prometheus", help="Prometheus URL to read per-node vLLM metric history from."),
+    ] = None,
+    range_: Annotated[str, typer.Option("--range", help="Prometheus history, ending at --end.")] = "7d",
+    step: Annotated[str, typer.Option("--step", help="Resolution of the Prometheus history.")] = "1s",
+    end: Annotated[
+        str | None, typer.Option("--end", help="End of the Prometheus range: Unix seconds or ISO time.")
+    ] = None,
+    node_label: Annotated[
+        str, typer.Option("--node-label", help="Prometheus label that names a node.")
+    ] = "node",
+    query_timeout_s: Annotated[float, typer.Option("--query-timeout-s")] = 60.0,
+    trials: Annotated[int, typer.Option(help="Trials this process runs (others may join the study).")] = 20,
+    storage: Annotated[
+        str | None,
+        typer.Option(help="Optuna storage URL; default sqlite:///OUT/tune.db. PostgreSQL for many machines."),
+    ] = None,
+    study: Annotated[str, typer.Option("--study", help="Study name (joined when it exists).")] = "forecaster",
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="mae-ratio: learned MAE / best baseline MAE on each trace's validation slice (mean over "
+            "traces; goal <= 0.85). val-loss: the best epoch's validation loss. Default: mae-ratio when "
+            "--trace is given, else val-loss."
+        ),
+    ] = "auto",
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory: trials/, best.safetensors, best.json, tune.db.")
+    ] = Path("runs/tune"),
+    plots: Annotated[
+        Path | None, typer.Option(help="Write PNGs here: optimisation history, val_loss curves, importances.")
+    ] = None,
+    epochs: Annotated[int, typer.Option(help="Maximum epochs per trial.")] = 10,
+    patience: Annotated[int, typer.Option(help="Early-stopping patience of a trial, in epochs.")] = 5,
+    windows: Annotated[
+        str, typer.Option(help="Attention windows to try (steps), comma-separated.")
+    ] = "30,60,120",
+    hidden_sizes: Annotated[
+        str, typer.Option("--hidden-sizes", help="LSTM hidden sizes to try.")
+    ] = "32,64,128",
+    heads: Annotated[
+        str, typer.Option(help="Attention head counts to try (each divides every hidden size).")
+    ] = ("1,2,4,8"),
+    lr_min: Annotated[float, typer.Option("--lr-min", help="Learning rate range, log-uniform.")] = 1e-3,
+    lr_max: Annotated[float, typer.Option("--lr-max")] = 1e-2,
+    layers: Annotated[int, typer.Option(help="LSTM layers (fixed in the sweep).")] = 2,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Training sequence length in steps.")] = 256,
+    burn_in: Annotated[int, typer.Option("--burn-in", help="Unscored first steps of each sequence.")] = 32,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per optimiser step.")] = 16,
+    windows_per_epoch: Annotated[
+        int, typer.Option("--windows-per-epoch", help="Random sequences drawn per epoch.")
+    ] = 1024,
+    horizon_s: Annotated[int, typer.Option("--horizon-s", help="Forecast horizon in seconds.")] = 5,
+    holdout_frac: Annotated[
+        float, typer.Option("--holdout-frac", help="Last fraction of each source held out (never read).")
+    ] = 0.3,
+    val_frac: Annotated[
+        float, typer.Option("--val-frac", help="Fraction before the hold-out: validation and the objective.")
+    ] = 0.1,
+    copies: Annotated[int, typer.Option(help="Augmented copies of each training trace.")] = 12,
+    synthetic: Annotated[int, typer.Option(help="Synthetic bursty traces added to training.")] = 8,
+    synthetic_duration_s: Annotated[float, typer.Option("--synthetic-duration-s")] = 1800.0,
+    startup_trials: Annotated[
+        int, typer.Option("--startup-trials", help="Completed trials before the median pruner prunes.")
+    ] = 3,
+    no_prune: Annotated[bool, typer.Option("--no-prune", help="Never prune (run every trial out).")] = False,
+    enqueue_defaults: Annotated[
+        bool,
+        typer.Option(
+            "--defaults-first/--no-defaults-first",
+            help="A new study's first trial uses fit's defaults (window 60, hidden 64, 4 heads, lr 3e-3).",
+        ),
+    ] = True,
+    arima: Annotated[
+        bool, typer.Option("--arima/--no-arima", help="Count ARIMA among the baselines of mae-ratio.")
+    ] = True,
+    max_minutes_per_trial: Annotated[
+        float | None, typer.Option("--max-minutes-per-trial", help="Wall limit of one trial's training.")
+    ] = None,
+    timeout_minutes: Annotated[
+        float | None,
+        typer.Option("--timeout-minutes", help="Start no new trial after this wall time (whole sweep)."),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the data, of every trial's training and of the sampler.")
+    ] = 0,
+    accelerator: Annotated[str, typer.Option(help="cpu or gpu (one device per trial).")] = "cpu",
+    threads: Annotated[int, typer.Option(help="torch CPU threads; 0 = torch's choice.")] = 1,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Sweep the forecaster's hyper-parameters (attention window, hidden size, heads, learning rate) with Optuna.
+
+    The data are read and split exactly as `fit` does (same options), once. Every trial trains with
+    Lightning and reports val_loss after each epoch to Optuna's PyTorchLightningPruningCallback; the
+    median pruner stops trials whose curve lags. A completed trial is scored by --objective: with traces,
+    the learned model's MAE on each trace's validation slice over the best simple baseline's (the
+    `evaluate` protocol; the hold-out stays unread for an honest `evaluate` later).
+
+    Writes OUT/best.safetensors (the best trial, loadable like any `fit`/`export` checkpoint),
+    OUT/best.json (params, score, per-trace figures), OUT/trials/ (every completed trial) and, by
+    default, the study in OUT/tune.db. Run the same command in several shells with one --storage and
+    --study to share the trials. Cost: one `fit` of --epochs per trial (5-6 minutes for 8 epochs of the
+    default size on these 2 busy cores), plus a few seconds of scoring.
+
+    Example:
+
+      train-forecaster tune --trace datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv
+        --trace datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.csv
+        --trials 20 --epochs 8 --out runs/tune --plots runs/tune/plots
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from training.augment import MaskingConfig
+    from training.datamodule import WindowConfig
+    from training.fit import AugmentConfig, LabelConfig, build_series
+    from training.tune_forecaster import (
+        Objective,
+        SearchSpace,
+        TuneConfig,
+        TuneError,
+        open_study,
+        tune_forecaster,
+        write_plots,
+    )
+
+    if not trace and prometheus is None and synthetic == 0:
+        raise typer.BadParameter("give at least one --trace FILE, --prometheus URL, or --synthetic N > 0")
+    # one Trainer per trial: its per-run banner (GPU available, fit stopped, ...) would bury the progress bar
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    if objective == "auto":
+        chosen = Objective.mae_ratio if trace else Objective.val_loss
+    else:
+        try:
+            chosen = Objective(objective)
+        except ValueError as e:
+            raise typer.BadParameter(f"--objective {objective!r}: one of auto, mae-ratio, val-loss") from e
+    try:
+        space = SearchSpace(
+            windows=_int_list(windows, "--windows"),
+            hidden_sizes=_int_list(hidden_sizes, "--hidden-sizes"),
+            heads=_int_list(heads, "--heads"),
+            lr_range=(lr_min, lr_max),
+        )
+        masking = MaskingConfig()
+        config = TuneConfig(
+            trials=trials,
+            epochs=epochs,
+            patience=patience,
+            layers=layers,
+            seed=seed,
+            objective=chosen,
+            window=WindowConfig(
+                seq_len=seq_len,
+                burn_in=burn_in,
+                batch_size=batch_size,
+                windows_per_epoch=windows_per_epoch,
+                seed=seed,
+            ),
+            masking=masking,
+            horizon_s=horizon_s,
+            startup_trials=startup_trials,
+            max_minutes_per_trial=max_minutes_per_trial,
+            accelerator=accelerator,
+            num_threads=threads or None,
+            with_arima=arima,
+            timeout_s=timeout_minutes * 60.0 if timeout_minutes is not None else None,
+            enqueue_defaults=enqueue_defaults,
+        )
+        if storage is not None:
+            open_study(storage, study, seed=seed)  # a bad URL fails before the data are read
+    except (TuneError, ValueError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    sources, frames = _load_sources(
+        trace, fmt, prometheus, range_=range_, step=step, end=end, node_label=node_label,
+        query_timeout_s=query_timeout_s,
+    )  # fmt: skip
+    labels = LabelConfig(horizon_s=horizon_s, holdout_frac=holdout_frac, val_frac=val_frac)
+    series = build_series(
+        sources,
+        frames,
+        labels=labels,
+        augment=AugmentConfig(
+            copies_per_source=copies,
+            synthetic_traces=synthetic,
+            synthetic_duration_s=synthetic_duration_s,
+            masking=masking,
+        ),
+        synthetic=_synthetic_fn() if synthetic > 0 else None,
+        seed=seed,
+    )
+    s = series.summary
+    console.print(
+        f"training: {s['train_series']} series, {s['train_steps']:,} steps; validation: {s['val_series']} "
+        f"series, {s['val_steps']:,} steps; objective {chosen}"
+    )
+    pruner = None
+    if no_prune:
+        import optuna
+
+        pruner = optuna.pruners.NopPruner()
+    progress = Progress(
+        TextColumn("[bold]trials"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        disable=quiet,
+    )
+    with progress:
+        task = progress.add_task("", total=trials)
+
+        def on_trial(st: Any, ft: Any) -> None:
+            value = "pruned" if ft.value is None else f"{ft.value:.4f}"
+            try:
+                best = f"best {st.best_value:.4f} (#{st.best_trial.number})"
+            except ValueError:
+                best = "no trial completed yet"
+            progress.update(task, advance=1, description=f"#{ft.number} {ft.state.name} {value}; {best}")
+
+        try:
+            result = tune_forecaster(
+                series,
+                out,
+                traces=sources,
+                labels=labels,
+                space=space,
+                config=config,
+                storage=storage,
+                study_name=study,
+                pruner=pruner,
+                on_trial=on_trial,
+                log=lambda m: console.print(m),
+            )
+        except TuneError as e:
+            console.print(f"[red]error:[/] {e}")
+            raise typer.Exit(2) from e
+    table = Table(title=f"train-forecaster tune: study {result.study_name}")
+    table.add_column("field")
+    table.add_column("value")
+    table.add_row("best trial", f"#{result.best_number}")
+    table.add_row(f"best {chosen}", f"{result.best_value:.4f}")
+    for k, v in result.best_params.items():
+        table.add_row(k, f"{v:.3g}" if isinstance(v, float) else str(v))
+    for name, fig in (result.best_attrs.get("traces") or {}).items():
+        table.add_row(
+            f"  {Path(name).name}",
+            f"learned MAE {fig['learned_mae']:.3f} / {fig['best_baseline']} {fig['best_baseline_mae']:.3f}"
+            f" = {fig['mae_ratio']:.3f}",
+        )
+    table.add_row("trials by state", ", ".join(f"{k} {v}" for k, v in sorted(result.states.items())))
+    table.add_row("checkpoint", str(result.checkpoint))
+    table.add_row("summary", str(result.summary_json))
+    table.add_row("wall", f"{result.wall_s:,.1f} s")
+    Console().print(table)
+    if plots is not None:
+        import optuna
+
+        st = optuna.load_study(study_name=result.study_name, storage=result.storage)
+        for path in write_plots(st, plots, log=lambda m: console.print(m)):
+            console.print(f"[green]wrote[/] {path}")
 
 
 try:

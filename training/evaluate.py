@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -23,7 +23,16 @@ import typer
 
 import forecaster
 from forecaster.baselines import CountBaseline, default_period_s, make_baselines
-from forecaster.burst import BurstScore, alarm_times, burst_onsets, choose_alarm_threshold, score_bursts
+from forecaster.burst import (
+    BurstScore,
+    OnsetDetectorConfig,
+    alarm_times,
+    burst_onsets,
+    choose_alarm_threshold,
+    combine_burst,
+    onset_scores,
+    score_bursts,
+)
 from forecaster.features import future_sums, series_from_trace, trace_inputs
 from forecaster.scoring import ForecastScores, poisson_noise_floor, score_forecasts
 from serving.workload.trace import Trace
@@ -40,6 +49,9 @@ DEFAULT_CHECKPOINTS: tuple[Path, ...] = tuple(
 #: Default ``--score-from``: score the last 30 % of the trace.
 DEFAULT_SCORE_FROM = "70%"
 LEARNED = "learned"
+#: The training-free onset detector's entry in ``burst_detectors`` (``forecaster.burst.onset_scores``), and
+#: the suffix of its combination (``combine_burst``: the larger of the two) with the burst model.
+ONSET = "onset"
 
 
 class EvaluationError(ValueError):
@@ -133,6 +145,8 @@ class EvaluationResult:
     burst_prob: np.ndarray
     onsets_s: np.ndarray  # decision times of the scored onsets
     alarms_s: np.ndarray  # decision times of the scored alarms
+    # "onset" (the training-free detector) and "<burst model>+onset" (their max): (alarm threshold, scores)
+    burst_detectors: dict[str, tuple[float, BurstScore]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """The ``--json`` document (NaN written as null)."""
@@ -156,6 +170,10 @@ class EvaluationResult:
             "burst_by_model": {
                 name: {"burst_threshold": t, **{k: v for k, v in b.as_dict().items() if k != "leads_s"}}
                 for name, (t, b) in self.burst_by_model.items()
+            },
+            "burst_detectors": {
+                name: {"burst_threshold": t, **{k: v for k, v in b.as_dict().items() if k != "leads_s"}}
+                for name, (t, b) in self.burst_detectors.items()
             },
             "noise_floor_mae": None if math.isnan(self.noise_floor_mae) else self.noise_floor_mae,
         }
@@ -251,6 +269,7 @@ def evaluate(
     max_lead_s: float = 10.0,
     max_lag_s: float = 3.0,
     learned: LearnedForecaster | None = None,
+    onset_config: OnsetDetectorConfig | None = None,
 ) -> EvaluationResult:
     """Score every baseline, and the learned model when there is one, on ``trace`` as one node.
 
@@ -260,6 +279,10 @@ def evaluate(
     baseline with the lowest MAE on the history (before ``score_from``); the alarm threshold is the best
     F1 on the history. ``period_s`` of the seasonal-naive model defaults to a day for traces of two days
     or more, else 60 s.
+
+    ``burst_detectors`` scores the training-free onset detector (``forecaster.burst.onset_scores`` with
+    ``onset_config``) as ``"onset"``, and its combination with the burst model (``combine_burst``) as
+    ``"<burst model>+onset"``, each with its own alarm threshold tuned on the history.
     """
     if horizon_s != int(horizon_s) or horizon_s < 1:
         raise EvaluationError(f"horizon_s must be a whole number of seconds >= 1, got {horizon_s}")
@@ -337,6 +360,8 @@ def evaluate(
         return thr, al_scored, score_bursts(on_scored, al_scored, max_lead_s, max_lag_s)
 
     by_model = {name: burst_of(pr.burst_prob) for name, pr in preds.items()}
+    detector = onset_scores(counts, onset_config)
+    detectors = {ONSET: burst_of(detector), f"{burst_model}+{ONSET}": burst_of(combine_burst(prob, detector))}
     thr, al_scored, burst = by_model[burst_model]
     idx = np.flatnonzero(scored)
     return EvaluationResult(
@@ -360,6 +385,7 @@ def evaluate(
         burst_prob=prob[idx],
         onsets_s=(on_scored + 1).astype(np.float64),
         alarms_s=(al_scored + 1).astype(np.float64),
+        burst_detectors={name: (t, b) for name, (t, _, b) in detectors.items()},
     )
 
 
@@ -443,6 +469,8 @@ def _table(result: EvaluationResult) -> None:
             f(b.precision, 2),
             f(b.mean_lead_s, 1),
         )
+    for name, (thr, b) in result.burst_detectors.items():  # burst scores only
+        table.add_row(name, *[""] * 5, f"{thr:g}", f(b.recall, 2), f(b.precision, 2), f(b.mean_lead_s, 1))
     table.add_row("Poisson noise floor", f(result.noise_floor_mae), *[""] * 8, style="dim")
     con = Console()
     con.print(table)
@@ -500,7 +528,8 @@ def evaluate_cmd(
     horizon (p50, p90, burst probability); earlier seconds are history the models warm up on. Reports
     MAE, RMSE, pinball loss at 0.9 and p90 coverage for every baseline (last value, EWMA, Holt, seasonal
     naive, ARIMA) and the learned model, the Poisson noise floor (the best MAE possible if arrivals were
-    Poisson), and burst-onset recall, precision and lead time (docs/FORECASTER.md defines all of them).
+    Poisson), and burst-onset recall, precision and lead time (docs/FORECASTER.md defines all of them),
+    also for the training-free onset detector and its max with the burst model (rows "onset", "...+onset").
 
     Example:
 

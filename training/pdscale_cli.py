@@ -25,6 +25,7 @@ app = typer.Typer(
 # Sub-apps, one line each (keep this list sorted by command name).
 import controller.replay_policies  # noqa: E402, F401  (registers reactive, dynamo-like, predictive, oracle)
 from controller.cli import config_app, controller_cmd  # noqa: E402
+from controller.doctor_cli import doctor_cmd  # noqa: E402
 from serving.manifests.cli import manifests_cmd  # noqa: E402
 from serving.pools.cli import pool_app  # noqa: E402
 from serving.router.cli import router_cmd  # noqa: E402
@@ -33,10 +34,12 @@ from serving.sim.plan_cli import plan_cmd  # noqa: E402
 from serving.sim.replay_cli import replay_cmd  # noqa: E402
 from serving.workload.cli import trace_app  # noqa: E402
 from training.bench_cli import bench_app  # noqa: E402
+from training.tune_cli import tune_cmd  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
 app.add_typer(config_app, name="config")
 app.command("controller")(controller_cmd)
+app.command("doctor")(doctor_cmd)
 app.command("manifests")(manifests_cmd)
 app.command("plan")(plan_cmd)
 app.add_typer(pool_app, name="pool")
@@ -44,6 +47,7 @@ app.command("replay")(replay_cmd)
 app.command("router")(router_cmd)
 app.add_typer(sim_app, name="sim")
 app.add_typer(trace_app, name="trace")
+app.command("tune")(tune_cmd)
 
 
 def main() -> None:

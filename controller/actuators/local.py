@@ -81,6 +81,7 @@ class LocalPoolActuator:
             before = self.pool.count(role)
             if before == active:
                 continue
+            counts = {r: self.pool.count(r) for r in ROLES}
             try:
                 self.pool.scale(role, active)
             except InstanceStartError as err:
@@ -91,5 +92,10 @@ class LocalPoolActuator:
                 raise ActuatorError(
                     f"LocalPoolActuator: {plan.pool}/{role} {before} -> {active}: {err}"
                 ) from err
-            changes.append(Change(plan.pool, role, "active", "local", before, self.pool.count(role)))
+            # every role whose count moved: on mixed-node pools a prefill change adds or removes whole nodes,
+            # so decode moves with it
+            for r in ROLES:
+                after = self.pool.count(r)
+                if after != counts[r]:
+                    changes.append(Change(plan.pool, r, "active", "local", counts[r], after))
         return ApplyResult(plan.pool, targets, tuple(changes), dry_run=False, notes=tuple(notes))

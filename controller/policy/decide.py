@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from controller.config import PolicyConfig
@@ -35,9 +36,19 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     Unknown load never scales down: the caller keeps the current scale on None.
     """
     obs, cfg, cap = ctx.obs, ctx.config, ctx.capacity
-    need = stages.capacity_target(obs, cap, ctx.slo_ttft_ms / 1000.0, cfg.provision_lead_s)
+    obs, smoothed = stages.smooth_load(obs, state, cfg.load_smoothing_s)
+    queue_s, smoothed = stages.queue_age(obs, smoothed)
+    need = stages.capacity_target(
+        obs,
+        cap,
+        ctx.slo_ttft_ms / 1000.0,
+        cfg.provision_lead_s,
+        offered=True,
+        persistent_queue=queue_s >= cfg.queue_persist_s,
+    )
     if need is None:
         return None, state
+    state = smoothed
     reasons = list(need.reasons)
     state = replace(
         state, rate_history=stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
@@ -53,8 +64,13 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     degrade, state, why_degrade = stages.degrade_stage(prefill, decode, cfg, obs.now_s, state)
     if why_degrade:
         reasons.append(why_degrade)
+    prefill, decode, reserve_standby, state, why_reserve = stages.burst_reserve_stage(
+        prefill, decode, obs, cap, cfg, state
+    )
+    reasons.extend(why_reserve)
     standby_target, state, why_sized = _standby_targets(need, prefill, decode, obs, cfg, state)
     reasons.extend(why_sized)
+    standby_target = {r: max(standby_target[r], reserve_standby[i]) for i, r in enumerate(ROLES)}
     prefill, decode, state, why_standby = stages.standby_stage(
         prefill, decode, obs, cfg, state, (standby_target["prefill"], standby_target["decode"])
     )
@@ -143,33 +159,58 @@ def _with_count(plan: ScalingPlan, field: str, value: int, reason: str) -> Scali
     )
 
 
-def _risk(count: int, need: float) -> float:
-    """How close a pool/role is to missing its SLO with ``count`` instances (need / count; inf at 0)."""
-    if need <= 0:
+def slo_risk(count: int, need: float) -> float:
+    """How close a pool's role is to missing its SLO with ``count`` instances: ``need / count``.
+
+    ``need`` is the instances the role needs to meet its SLO now (stage 1, ``capacity_target`` with no
+    lead: the p90 forecast or the measured load, whichever is higher, plus the queue cleared within the TTFT
+    SLO), so a risk above 1 means the role misses its SLO with ``count`` instances, and risks of pools with
+    different models and GPUs compare directly. 0 when nothing is needed; inf when needed and ``count`` is 0.
+    """
+    if not need > 0:  # NaN (unknown) included: no evidence of risk
         return 0.0
     return math.inf if count <= 0 else need / count
 
 
 def allocate_budget(
     plans: list[ScalingPlan],
-    needs: dict[str, tuple[float, float]],
-    gpus_per_instance: dict[str, int],
+    needs: Mapping[str, tuple[float, float]],
+    gpus_per_instance: Mapping[str, int],
     budget_gpus: int | None,
+    *,
+    floors: Mapping[str, tuple[int, int]] | None = None,
+    guarantees: Mapping[str, int] | None = None,
 ) -> list[ScalingPlan]:
-    """Fit all pools' plans into one GPU budget (applied before min/max re-clamping by the actuator).
+    """Fit all pools' plans into one GPU budget by SLO risk (see :func:`slo_risk`).
 
     Standby replicas go first (they serve nobody yet); then instances are taken one at a time from the
-    pool and role at the lowest SLO risk (its need per instance after removal), so the pool that would miss
-    its SLO first keeps its GPUs. Every cut is written into that plan's reasons.
+    pool and role whose SLO risk after the cut is lowest, so the pool that would miss its SLO first keeps its
+    GPUs (the greedy cut minimises the fleet's highest risk). ``needs``: pool -> (prefill, decode) instances
+    needed; ``floors``: pool -> (prefill, decode) never cut below (the policy's minimums; default 0). When the
+    floors alone exceed the budget the plans stay above it, and the reasons say so. ``guarantees``: pool ->
+    GPUs it is guaranteed (e.g. its peak-proportional share); an instance that would take a pool below its
+    guarantee is cut only when no pool above its own guarantee has one left to give (risk decides within each
+    tier), so a pool borrows idle GPUs but never a pool's guaranteed ones. Every cut is written into that plan's
+    reasons, and when the budget binds every pool's reasons name the budget and the risks.
     """
     if budget_gpus is None:
         return plans
     current = {p.pool: p for p in plans}
+    floor = floors or {}
 
     def used() -> int:
         return sum(p.gpus(gpus_per_instance[p.pool]) for p in current.values())
 
-    for pool in list(current):
+    wanted = used()
+    if wanted <= budget_gpus:
+        return plans
+    binds = f"budget {budget_gpus} GPUs binds (plans want {wanted})"
+    shares = guarantees or {}
+
+    def borrowed(pool: str) -> int:
+        return current[pool].gpus(gpus_per_instance[pool]) - shares.get(pool, 0)
+
+    for pool in sorted(current, key=borrowed, reverse=True):  # the most borrowed standby goes first
         while used() > budget_gpus and (current[pool].standby_decode or current[pool].standby_prefill):
             p = current[pool]
             cut = "decode" if p.standby_decode >= p.standby_prefill else "prefill"
@@ -177,20 +218,83 @@ def allocate_budget(
                 p, f"standby_{cut}", p.standby(cut) - 1, f"budget {budget_gpus} GPUs: standby {cut} -1"
             )
     while used() > budget_gpus:
+        best = _lowest_risk_cut(current, needs, floor, gpus_per_instance, shares)
+        if best is None:
+            break
+        risk_after, pool, role = best
+        p = current[pool]
+        current[pool] = _with_count(
+            p,
+            role,
+            p.count(role) - 1,
+            f"budget {budget_gpus} GPUs: {role} -1 (lowest SLO risk in the fleet: {risk_after:.2f} after the cut)",
+        )
+    current = _refill(current, {p.pool: p for p in plans}, needs, gpus_per_instance, budget_gpus - used())
+    short = used() > budget_gpus
+    out = []
+    for plan in plans:
+        p = current[plan.pool]
+        need_p, need_d = needs.get(plan.pool, (0.0, 0.0))
+        risk = max(slo_risk(p.prefill, need_p), slo_risk(p.decode, need_d))
+        note = f"{binds}: SLO risk {risk:.2f} here with prefill {p.prefill}, decode {p.decode}"
+        if short:
+            note += f"; the pools' minimums alone exceed the budget ({used()} GPUs)"
+        out.append(replace(p, reasons=(*p.reasons, note)))
+    return out
+
+
+def _refill(
+    current: dict[str, ScalingPlan],
+    wanted: Mapping[str, ScalingPlan],
+    needs: Mapping[str, tuple[float, float]],
+    gpus_per_instance: Mapping[str, int],
+    slack_gpus: int,
+) -> dict[str, ScalingPlan]:
+    """Give back cut instances that fit in the slack a larger cut left (pools differ in GPUs per instance:
+    the last cut of a 4-GPU instance may free more than the overrun), the highest SLO risk first."""
+    while slack_gpus > 0:
         best: tuple[float, str, str] | None = None
         for pool, p in current.items():
+            if gpus_per_instance[pool] > slack_gpus:
+                continue
             need_p, need_d = needs.get(pool, (0.0, 0.0))
-            for role, count, need in (("prefill", p.prefill, need_p), ("decode", p.decode, need_d)):
-                if count <= 0:
-                    continue
-                risk_after = _risk(count - 1, need)
-                if best is None or risk_after < best[0]:
-                    best = (risk_after, pool, role)
+            for role, need in (("prefill", need_p), ("decode", need_d)):
+                if p.count(role) < wanted[pool].count(role):
+                    risk = slo_risk(p.count(role), need)
+                    if best is None or risk > best[0]:
+                        best = (risk, pool, role)
         if best is None:
             break
         _, pool, role = best
         p = current[pool]
-        current[pool] = _with_count(
-            p, role, p.count(role) - 1, f"budget {budget_gpus} GPUs: {role} -1 (lowest SLO risk in the fleet)"
-        )
-    return [current[p.pool] for p in plans]
+        current[pool] = _with_count(p, role, p.count(role) + 1, f"{role} +1 back: it fits the budget's slack")
+        slack_gpus -= gpus_per_instance[pool]
+    return current
+
+
+def _lowest_risk_cut(
+    current: Mapping[str, ScalingPlan],
+    needs: Mapping[str, tuple[float, float]],
+    floor: Mapping[str, tuple[int, int]],
+    gpus_per_instance: Mapping[str, int],
+    guarantees: Mapping[str, int],
+) -> tuple[float, str, str] | None:
+    """The (risk after the cut, pool, role) of the instance whose removal hurts the fleet least: from pools
+    that stay at or above their guarantee first, then the rest; the lowest risk after the cut within each."""
+    best: tuple[float, str, str] | None = None
+    best_key: tuple[int, float] | None = None
+    for pool, p in current.items():
+        g = gpus_per_instance[pool]
+        tier = 0 if p.gpus(g) - g >= guarantees.get(pool, 0) else 1
+        need_p, need_d = needs.get(pool, (0.0, 0.0))
+        floor_p, floor_d = floor.get(pool, (0, 0))
+        for role, count, need, lo in (
+            ("prefill", p.prefill, need_p, floor_p),
+            ("decode", p.decode, need_d, floor_d),
+        ):
+            if count <= max(lo, 0):
+                continue
+            risk_after = slo_risk(count - 1, need)
+            if best_key is None or (tier, risk_after) < best_key:
+                best_key, best = (tier, risk_after), (risk_after, pool, role)
+    return best

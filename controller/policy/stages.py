@@ -11,6 +11,9 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
 from controller.config import PolicyConfig
 from controller.policy.types import PoolCapacity, PoolObservation, PoolState, RoleHistory
 
@@ -37,8 +40,29 @@ def _nanmax(*xs: float) -> float:
     return max(known) if known else math.nan
 
 
+def offered_prompt_tps(obs: PoolObservation) -> float:
+    """Prompt tokens/s arriving (arrivals × mean prompt length) while requests wait; NaN when unknown or
+    when nothing waits.
+
+    The prompt-token counter counts what was prefilled, and a saturated pool prefills no more than its
+    capacity however much arrives: sizing from it alone under-sizes exactly when it matters (a rise that
+    outruns the fleet reads as a load the fleet can carry). A pool that keeps up (no queue) prefills what
+    arrives, and there the counter is the better number: the mean prompt length is a slow average."""
+    if not (_known(obs.waiting_requests) and obs.waiting_requests > 0):
+        return math.nan
+    if _known(obs.arrival_rps) and _known(obs.mean_prompt_tokens):
+        return obs.arrival_rps * obs.mean_prompt_tokens
+    return math.nan
+
+
 def capacity_target(
-    obs: PoolObservation, cap: PoolCapacity, slo_ttft_s: float, lead_s: float = 0.0
+    obs: PoolObservation,
+    cap: PoolCapacity,
+    slo_ttft_s: float,
+    lead_s: float = 0.0,
+    *,
+    offered: bool = False,
+    persistent_queue: bool = False,
 ) -> Need | None:
     """Stage 1: instances needed from the p90 forecast, the measured load and the queue.
 
@@ -53,6 +77,14 @@ def capacity_target(
     may use the warm instances (active + standby); beyond them the queue is spread over ``lead_s``, since
     cold capacity asked for now arrives only then (starting 40 instances for a 20-s backlog is pure cost:
     by the time they serve, the warm ones have cleared it). ``lead_s = 0`` sizes everything for the SLO.
+
+    ``offered``: the prompt load is also taken at arrival (``offered_prompt_tps``) when that is higher than
+    what was prefilled (the predictive policy; the reactive baseline sizes on what it measured, as an HPA on
+    vLLM's counters does). It supplements a known measurement or forecast, never replaces an unknown one.
+
+    ``persistent_queue``: the queue has outlived a burst (see ``queue_age``): the load itself exceeds the
+    fleet, so the queue is cleared within the SLO whatever it costs, as with ``lead_s = 0`` (the reactive
+    baseline's rule, and what wins when a pool starts far below its load).
     """
     fc = obs.forecast
     prompt_fc = fc.rate(fc.prompt_tokens_p90) if fc else math.nan
@@ -62,11 +94,14 @@ def capacity_target(
     gen_tps = _nanmax(obs.gen_tps, gen_fc)
     if not (_known(prompt_tps) and _known(gen_tps)):
         return None
+    if offered:
+        prompt_tps = _nanmax(prompt_tps, offered_prompt_tps(obs))
     reasons = [
         f"load: prompt {prompt_tps:.0f} tok/s, generation {gen_tps:.0f} tok/s (max of measured and p90 forecast)"
     ]
 
     backlog_tps = backlog_cold_tps = 0.0
+    warm = obs.active.get("prefill", 0) + obs.standby.get("prefill", 0)
     if _known(obs.waiting_requests) and obs.waiting_requests > 0:
         mean_prompt = (
             obs.mean_prompt_tokens
@@ -83,8 +118,10 @@ def capacity_target(
             )
     prefill_slo = (prompt_tps + backlog_tps) * cap.correction / cap.prefill_tps
     prefill = (prompt_tps + backlog_cold_tps) * cap.correction / cap.prefill_tps
-    warm = obs.active.get("prefill", 0) + obs.standby.get("prefill", 0)
-    if prefill_slo > prefill:
+    if prefill_slo > prefill and persistent_queue:
+        prefill = prefill_slo
+        reasons.append("queue: persistent, cleared within the SLO by as many instances as it takes")
+    elif prefill_slo > prefill:
         prefill = max(prefill, min(prefill_slo, float(warm)))
         reasons.append(
             f"queue: beyond the {warm} warm prefill instances it is cleared over the {lead_s:.0f} s lead"
@@ -247,10 +284,13 @@ def update_rate_history(
 
 
 def forecast_spread(obs: PoolObservation) -> float:
-    """Relative uncertainty of the arrival forecast, (p90 - p50) / p90 in [0, 1]; NaN when unknown."""
+    """Relative uncertainty of the arrival forecast, (p90 - p50) / p90 in [0, 1]; NaN when unknown. A
+    forecast of no arrivals at all (p90 = 0) is a known forecast with no spread, not an unknown one."""
     fc = obs.forecast
-    if fc is None or not (_known(fc.arrivals_p90) and _known(fc.arrivals_p50)) or fc.arrivals_p90 <= 0:
+    if fc is None or not (_known(fc.arrivals_p90) and _known(fc.arrivals_p50)):
         return math.nan
+    if fc.arrivals_p90 <= 0:
+        return 0.0
     return min(max((fc.arrivals_p90 - fc.arrivals_p50) / fc.arrivals_p90, 0.0), 1.0)
 
 
@@ -413,3 +453,158 @@ def degrade_stage(
 def clamp(value: int, lo: int, hi: int) -> int:
     """Min/max, applied last."""
     return max(lo, min(hi, value))
+
+
+NEED_BLOCK_S = 5.0  # the burst reserve keeps the most instances the load needed per block this long
+
+
+def load_need(obs: PoolObservation, cap: PoolCapacity) -> tuple[float, float]:
+    """Instances (prefill, decode) the measured load needs now: no forecast, no queue, no headroom; the
+    prompt load is the higher of the prefilled-token counter and arrivals × mean prompt (a burst's size is
+    what arrived, whether or not the fleet kept up). NaN when the load is unknown."""
+    prompt_tps = obs.prompt_tps
+    if _known(prompt_tps) and _known(obs.arrival_rps) and _known(obs.mean_prompt_tokens):
+        prompt_tps = max(prompt_tps, obs.arrival_rps * obs.mean_prompt_tokens)
+    measured = replace(obs, forecast=None, waiting_requests=0.0, prompt_tps=prompt_tps)
+    need = capacity_target(measured, cap, slo_ttft_s=1.0)  # no queue: the SLO is moot
+    return (need.prefill, need.decode) if need is not None else (math.nan, math.nan)
+
+
+def update_need_blocks(
+    blocks: tuple[tuple[float, float, float, int], ...],
+    now_s: float,
+    need: tuple[float, float],
+    keep_s: float,
+) -> tuple[tuple[tuple[float, float, float, int], ...], bool]:
+    """Fold this tick's load need into the mean of its ``NEED_BLOCK_S`` block (per-second rates are mostly
+    Poisson noise; a block's mean is what capacity must carry) and forget blocks that started more than
+    ``keep_s`` ago. Blocks are (start_s, mean prefill need, mean decode need, ticks). Returns (blocks, True
+    when this tick opened a new block). An unknown need leaves the blocks as they are: a gap is not a
+    quiet period."""
+    if not (_known(need[0]) and _known(need[1])):
+        return blocks, False
+    start = math.floor(now_s / NEED_BLOCK_S) * NEED_BLOCK_S
+    if blocks and blocks[-1][0] == start:
+        t0, p, d, n = blocks[-1]
+        merged = (t0, p + (need[0] - p) / (n + 1), d + (need[1] - d) / (n + 1), n + 1)
+        return (*blocks[:-1], merged), False
+    kept = tuple(b for b in blocks if now_s - b[0] <= keep_s)
+    return (*kept, (start, need[0], need[1], 1)), True
+
+
+def burst_reserve(
+    blocks: tuple[tuple[float, float, float, int], ...],
+    lead_s: float,
+    quantile: float,
+    headroom: float = 0.0,
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The burst distribution observed so far, per role (prefill, decode), at ``quantile`` over every block
+    remembered: (rise, peak) where, for each block k with need_k, peak_k = the most the load needed in the
+    blocks starting in (t_k, t_k + lead_s] and rise_k = max(peak_k − (1 + headroom) × need_k, 0): what
+    the headroom the policy already keeps over the current load would not have covered (noise and slow
+    drifts it does; a burst from a quiet pool it does not).
+
+    Capacity started when a rise is seen arrives ``lead_s`` (one cold start) later, so the rises of one
+    cold start are what warm capacity must cover, and the peaks bound how far: the pool's load has not
+    needed more than that. Windows cut short by the present count with what they have seen (a lower bound),
+    so the estimate exists from the second block on. NaN per role when there is no pair yet.
+    """
+    nan2 = (math.nan, math.nan)
+    n = len(blocks)
+    if n < 2 or lead_s <= 0:
+        return nan2, nan2
+    arr = np.asarray(blocks, dtype=np.float64)
+    m = max(math.ceil(lead_s / NEED_BLOCK_S), 1)
+    t = arr[:, 0]
+    t_future = sliding_window_view(np.concatenate([t[1:], np.full(m, np.inf)]), m)[:n]
+    in_lead = (t_future - t[:, None]) <= lead_s + 1e-9
+    rises, peaks = [], []
+    for col in (1, 2):
+        v = arr[:, col]
+        future = sliding_window_view(np.concatenate([v[1:], np.full(m, -np.inf)]), m)[:n]
+        peak = np.where(in_lead, future, -np.inf).max(axis=1)
+        ok = np.isfinite(peak)
+        if not ok.any():
+            return nan2, nan2
+        rises.append(float(np.quantile(np.maximum(peak[ok] - (1 + headroom) * v[ok], 0.0), quantile)))
+        peaks.append(float(np.quantile(peak[ok], quantile)))
+    return (rises[0], rises[1]), (peaks[0], peaks[1])
+
+
+def burst_reserve_stage(
+    prefill: int,
+    decode: int,
+    obs: PoolObservation,
+    cap: PoolCapacity,
+    cfg: PolicyConfig,
+    state: PoolState,
+) -> tuple[int, int, tuple[int, int], PoolState, tuple[str, ...]]:
+    """Stage 3a: capacity for the bursts this pool has shown, sized for what arrives within one cold start.
+
+    Per role: min(current load need + the observed rise beyond headroom, the observed peak), with headroom
+    (``burst_reserve``), is what must be warm now, because nothing started later serves sooner than
+    ``provision_lead_s``; the peak keeps a pool already at its usual top from stacking a rise on it.
+    ``cfg.burst_reserve`` says where it goes: 'active' raises the active target to it, 'standby' keeps the
+    difference warm as standby (promoted in seconds on an alert), 'off' does nothing. Returns (prefill,
+    decode, standby (prefill, decode) the reserve asks for, state, reasons).
+    """
+    if cfg.burst_reserve == "off":
+        return prefill, decode, (0, 0), state, ()
+    now_need = load_need(obs, cap)
+    keep_s = cfg.burst_window_s + cfg.provision_lead_s
+    blocks, opened = update_need_blocks(state.need_blocks, obs.now_s, now_need, keep_s)
+    rise, peak = state.reserve
+    if opened or (math.isnan(rise[0]) and len(blocks) >= 2):
+        rise, peak = burst_reserve(blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom)
+    state = replace(state, need_blocks=blocks, reserve=(rise, peak))
+    if not all(_known(x) for x in (*now_need, *rise, *peak)):
+        return prefill, decode, (0, 0), state, ()
+    h = 1 + cfg.headroom
+    want = [
+        min(math.ceil(min(now_need[i] + rise[i], max(peak[i], now_need[i])) * h - 1e-9), int(MAX_NEED))
+        for i in (0, 1)
+    ]
+    reason = (
+        f"burst reserve (q{cfg.burst_quantile:.2f} of {cfg.provision_lead_s:.0f}-s rises over {len(blocks)}"
+        f" blocks): prefill +{rise[0]:.2f} (peak {peak[0]:.2f}) → {want[0]},"
+        f" decode +{rise[1]:.2f} (peak {peak[1]:.2f}) → {want[1]}"
+    )
+    if cfg.burst_reserve == "active":
+        return max(prefill, want[0]), max(decode, want[1]), (0, 0), state, (reason,)
+    return prefill, decode, (max(want[0] - prefill, 0), max(want[1] - decode, 0)), state, (reason,)
+
+
+def smooth_load(obs: PoolObservation, state: PoolState, window_s: float) -> tuple[PoolObservation, PoolState]:
+    """Stage 0: the measured rates (arrivals, prompt and generation tokens/s) as their mean over the last
+    ``window_s`` seconds of ticks, unknown samples left out (a window with none stays unknown).
+
+    Per-second rates are mostly Poisson noise (24 req/s reads 16 to 34 from one second to the next), and
+    the scale-down window keeps the highest target it has seen: sizing from raw seconds holds the top of
+    the noise, not the load. ``window_s = 0`` passes the observation through."""
+    if window_s <= 0:
+        return obs, state
+    sample = (obs.now_s, obs.arrival_rps, obs.prompt_tps, obs.gen_tps)
+    recent = (
+        *tuple(r for r in state.load_recent if obs.now_s - r[0] < window_s and r[0] < obs.now_s),
+        sample,
+    )
+
+    def mean(i: int) -> float:
+        known = [r[i] for r in recent if _known(r[i])]
+        return sum(known) / len(known) if known and _known(sample[i]) else sample[i]
+
+    smoothed = replace(obs, arrival_rps=mean(1), prompt_tps=mean(2), gen_tps=mean(3))
+    return smoothed, replace(state, load_recent=recent)
+
+
+def queue_age(obs: PoolObservation, state: PoolState) -> tuple[float, PoolState]:
+    """How long requests have been waiting without a break, seconds (0 with no queue; a tick whose queue is
+    unknown breaks nothing and extends nothing). Returns (age_s, state)."""
+    waiting = obs.waiting_requests
+    if not _known(waiting):
+        since = state.queue_since_s
+        return (obs.now_s - since if math.isfinite(since) else 0.0), state
+    if waiting <= 0:
+        return 0.0, replace(state, queue_since_s=math.nan)
+    since = state.queue_since_s if math.isfinite(state.queue_since_s) else obs.now_s
+    return obs.now_s - since, replace(state, queue_since_s=since)

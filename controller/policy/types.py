@@ -121,3 +121,11 @@ class PoolState:
     degrade_since_s: float = math.nan  # when degradation started (NaN = not degraded)
     calm_since_s: float = math.nan  # when demand fell back under max while degraded
     standby_recent: tuple[tuple[float, int, int], ...] = ()  # (time_s, prefill, decode) sized standby
+    # (block_start_s, prefill need, decode need, ticks): the mean instances the measured load needed in each
+    # block of ``stages.NEED_BLOCK_S`` over the burst window (stages.burst_reserve reads it)
+    need_blocks: tuple[tuple[float, float, float, int], ...] = ()
+    # burst reserve per role ((rise prefill, rise decode), (peak prefill, peak decode)), recomputed per block
+    reserve: tuple[tuple[float, float], tuple[float, float]] = ((math.nan, math.nan), (math.nan, math.nan))
+    # (time_s, arrival_rps, prompt_tps, gen_tps) over the last ``load_smoothing_s`` (stages.smooth_load)
+    load_recent: tuple[tuple[float, float, float, float], ...] = ()
+    queue_since_s: float = math.nan  # when the current unbroken queue began (NaN = no queue)

@@ -80,6 +80,7 @@ class _Deltas:
     dt_s: float
     arrivals: np.ndarray
     prompt: np.ndarray
+    routed_prompt: np.ndarray  # prompt tokens counted at routing (router-side); NaN where not exported
     gen: np.ndarray
     ttft: Histogram | None
     itl: Histogram | None
@@ -111,6 +112,7 @@ def _deltas(prev: InstanceSamples | None, prev_index: dict[str, int], cur: Insta
         dt_s=cur.now_s - prev.now_s if prev is not None else math.nan,
         arrivals=counter(names.ROUTER_REQUESTS_TOTAL),
         prompt=counter(names.PROMPT_TOKENS_TOTAL),
+        routed_prompt=counter(names.ROUTER_PROMPT_TOKENS_TOTAL),
         gen=counter(names.GENERATION_TOKENS_TOTAL),
         ttft=hist(names.TIME_TO_FIRST_TOKEN_SECONDS),
         itl=hist(names.INTER_TOKEN_LATENCY_SECONDS),
@@ -151,7 +153,11 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool) -> P
     # A P/D request is routed twice (to a prefill, then to a decode instance): arrivals are counted where
     # requests enter the pool, on prefill and mixed instances only.
     n_arrivals = float(d.arrivals[prompt_sel].sum())
-    prompt_total = float(d.prompt[prompt_sel].sum())
+    # Prompt demand as it arrives when the router exports it (pdscale:router_prompt_tokens_total); else the
+    # tokens the instances processed, which flatten at their throughput while a queue builds.
+    routed = d.routed_prompt[prompt_sel]
+    prompt = routed if len(routed) and np.isfinite(routed).all() else d.prompt[prompt_sel]
+    prompt_total = float(prompt.sum())
     ttft50, ttft90 = _quantiles(d.ttft, in_pool)
     itl50, itl90 = _quantiles(d.itl, in_pool)
     return PoolLoad(
@@ -159,7 +165,7 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool) -> P
         now_s=cur.now_s,
         counts=counts,
         arrival_rps=_rate(d.arrivals[prompt_sel], d.dt_s),
-        prompt_tps=_rate(d.prompt[prompt_sel], d.dt_s),
+        prompt_tps=_rate(prompt, d.dt_s),
         gen_tps=_rate(d.gen[in_pool], d.dt_s),
         running=gauge_sum(names.NUM_REQUESTS_RUNNING),
         waiting=gauge_sum(names.NUM_REQUESTS_WAITING),

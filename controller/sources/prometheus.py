@@ -50,12 +50,16 @@ COUNTERS: dict[str, str] = {
     names.GENERATION_TOKENS_TOTAL: "vllm[:_]generation_tokens(_total)?",
     names.NUM_PREEMPTIONS_TOTAL: "vllm[:_]num_preemptions(_total)?",
     names.ROUTER_REQUESTS_TOTAL: "pdscale[:_]router_requests(_total)?",
+    names.ROUTER_PROMPT_TOKENS_TOTAL: "pdscale[:_]router_prompt_tokens(_total)?",
 }
 HISTOGRAMS: dict[str, str] = {
     names.TIME_TO_FIRST_TOKEN_SECONDS: "vllm[:_]time_to_first_token_seconds_bucket",
     names.INTER_TOKEN_LATENCY_SECONDS: "vllm[:_]inter_token_latency_seconds_bucket",
 }
-_MEAN_GAUGES = frozenset({names.KV_CACHE_USAGE_PERC})  # per-instance mean over its series, not a sum
+_MEAN_GAUGES = frozenset({names.KV_CACHE_USAGE_PERC})
+_ROUTER_COUNTERS = frozenset(
+    {names.ROUTER_REQUESTS_TOTAL, names.ROUTER_PROMPT_TOKENS_TOTAL}
+)  # per-instance mean over its series, not a sum
 _HTTP_CODE = re.compile(r"HTTP Status Code (\d{3})")
 
 
@@ -282,8 +286,8 @@ class PrometheusSource:
         gauges: dict[str, np.ndarray] = {}
         counters: dict[str, np.ndarray] = {}
         for metric, per in scalar.items():
-            if not per and metric == names.ROUTER_REQUESTS_TOTAL:
-                continue  # the router's counter is optional: absent means "not deployed", left out (NaN rates)
+            if not per and metric in _ROUTER_COUNTERS:
+                continue  # the router's counters are optional: absent means "not deployed", left out (NaN rates)
             arr = np.array([per.get(i, math.nan) for i in ids], dtype=np.float64).reshape(n)
             (gauges if metric in GAUGES else counters)[metric] = arr
         histograms = {m: _histogram(per, ids) for m, per in buckets.items() if per}
@@ -495,7 +499,7 @@ def channel_queries(label_map: LabelMap, window_s: float) -> dict[str, str]:
         return f"histogram_quantile({q}, {buckets})"
 
     return {
-        "arrival_rps": counter(names.ROUTER_REQUESTS_TOTAL),
+        "arrival_rps": counter(names.ROUTER_REQUESTS_TOTAL, f'{role}!="decode"'),  # a P/D request enters once
         "prompt_tps": counter(names.PROMPT_TOKENS_TOTAL, f'{role}!="decode"'),
         "gen_tps": counter(names.GENERATION_TOKENS_TOTAL),
         "running": gauge(names.NUM_REQUESTS_RUNNING, "sum"),

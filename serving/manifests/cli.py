@@ -12,11 +12,13 @@ from rich.table import Table
 from serving.manifests.render import render, write_rendering
 from serving.manifests.spec import (
     DEFAULT_IMAGE,
+    DRA_DEVICE_CLASS,
     PLACEHOLDER_IMAGE,
     PLACEMENTS,
     ManifestSpec,
     ManifestSpecError,
 )
+from serving.pools.local import DEFAULT_DECODE_MIN_SHARE, DEFAULT_PREFILL_SHARE
 
 
 def _fail(message: str) -> typer.Exit:
@@ -67,7 +69,27 @@ def manifests_cmd(
     prefill_mem_frac: Annotated[
         float,
         typer.Option(help="mixed-node: prefill's --gpu-memory-utilization; decode gets 0.9 minus it."),
-    ] = 0.4,
+    ] = DEFAULT_PREFILL_SHARE,
+    decode_mem_frac: Annotated[
+        float | None,
+        typer.Option(
+            help="mixed-node: decode's --gpu-memory-utilization (default 0.9 - --prefill-mem-frac)."
+        ),
+    ] = None,
+    decode_min_mem_frac: Annotated[
+        float,
+        typer.Option(help="mixed-node: the decode container's guaranteed minimum share of GPU memory."),
+    ] = DEFAULT_DECODE_MIN_SHARE,
+    gpu_sharing: Annotated[
+        str,
+        typer.Option(
+            help="mixed-node: how both containers get the pod's GPUs: runtime (device plugin + NVIDIA runtime, "
+            "whole-node pods) or dra (one shared ResourceClaim, Kubernetes >= 1.34)."
+        ),
+    ] = "runtime",
+    dra_device_class: Annotated[
+        str, typer.Option(help="--gpu-sharing dra: the DeviceClass to claim GPUs from.")
+    ] = DRA_DEVICE_CLASS,
 ) -> None:
     """Render Deployments, Services, RBAC, the controller's config, alert rules and a Grafana dashboard.
 
@@ -81,13 +103,21 @@ def manifests_cmd(
 
     --placement mixed-node puts one prefill and one decode container in each pod, sharing the node's GPUs
     (--gpu-memory-utilization 0.4 and 0.5 by default); --prefill and --decode must then be equal, and the
-    controller is not rendered (its actuator scales Deployments per role).
+    controller is not rendered (its actuator scales Deployments per role). The two shares may add up to
+    0.95 at most, and decode never gets less than --decode-min-mem-frac (0.3): a rendering that breaks
+    either rule is refused with the option named. By default the prefill container requests the GPUs and
+    the decode container sees the node's devices through the NVIDIA runtime (whole-node pods only);
+    --gpu-sharing dra renders a ResourceClaimTemplate instead, one claim per pod shared by both containers.
 
     Examples:
 
       pdscale manifests --out deploy/ --model meta-llama/Llama-3.1-8B-Instruct --prefill 2 --decode 4
 
       pdscale manifests --out deploy/ --placement mixed-node --prefill 2 --decode 2 --gpus-per-instance 8
+
+      pdscale manifests --out deploy/ --placement mixed-node --prefill-mem-frac 0.35 --decode-mem-frac 0.6
+
+      pdscale manifests --out deploy/ --placement mixed-node --prefill 4 --decode 4 --gpu-sharing dra
     """
     try:
         spec = ManifestSpec(
@@ -110,6 +140,10 @@ def manifests_cmd(
             controller_replicas=controller_replicas,
             placement=placement,  # type: ignore[arg-type]  # checked by ManifestSpec
             prefill_mem_frac=prefill_mem_frac,
+            decode_mem_frac=decode_mem_frac,
+            decode_min_mem_frac=decode_min_mem_frac,
+            gpu_sharing=gpu_sharing,  # type: ignore[arg-type]  # checked by ManifestSpec
+            dra_device_class=dra_device_class,
         )
     except ManifestSpecError as exc:
         raise _fail(str(exc)) from exc

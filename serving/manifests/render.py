@@ -105,6 +105,13 @@ def render(spec: ManifestSpec) -> Rendering:
         "30-monitoring.yaml": _monitoring_config_maps(spec, rules, dashboard),
     }
     notes: list[str] = []
+    if spec.placement == "mixed-node" and spec.gpu_sharing == "runtime":
+        notes.append(
+            "placement mixed-node, --gpu-sharing runtime: the decode container sees every GPU of the node "
+            "(NVIDIA_VISIBLE_DEVICES=all), so each pod must take the whole node (--gpus-per-instance = GPUs "
+            "per node); with Kubernetes >= 1.34 and a DRA GPU driver, --gpu-sharing dra shares exactly the "
+            "pod's devices"
+        )
     if spec.placement == "mixed-node":
         notes.append(
             "placement mixed-node: the controller is not rendered: its Kubernetes actuator scales one "

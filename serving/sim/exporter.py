@@ -67,6 +67,7 @@ _HELP: dict[str, str] = {
     "vllm:num_preemptions_total": "Cumulative number of preemption from the engine.",
     "vllm:request_success_total": "Count of successfully processed requests.",
     "pdscale:router_requests_total": "Requests the pdscale router sent to this instance.",
+    "pdscale:router_prompt_tokens_total": "Prompt tokens of the requests routed to this entry instance.",
     "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
     "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
     "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",

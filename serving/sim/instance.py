@@ -124,6 +124,10 @@ class RequestTable:
         # index of the prefill instance still holding the request's KV until a decode instance admits it
         # (-1: none); see Instance.held
         self.kv_src: list[int] = [-1] * n
+        # the output length the router was told (the oracle target unless the simulator has a predictor)
+        self.predicted: list[float] = [float(t) for t in self.target]
+        self.promoted: list[bool] = [False] * n  # tail promotion done (once per request)
+        self.where: list[int] = [-1] * n  # index of the instance it was last queued at (-1: none yet)
         self.t_first_s = np.full(n, np.nan)
         self.t_done_s = np.full(n, np.nan)
         self.preemptions = np.zeros(n, dtype=np.int64)
@@ -264,7 +268,13 @@ class Instance:
         self.preemptions_total = 0
         self.success_total = 0
         self.router_requests_total = 0
+        self.router_prompt_tokens_total = 0  # entry role: prompt tokens of the requests routed here
         self.handoffs_total = 0  # prefill role: KV handoffs (each also sampled one discarded token)
+        self.tail_promotions_total = 0  # requests waiting here moved to the front (TailPolicy)
+        self.standby_promotions_total = 0  # times this instance left standby for a tail request
+        # tail requests this instance was promoted for (moved here when it is active)
+        self.tail_rids: list[int] = []
+        self.predicted_output_tokens_total = 0.0  # entry role: predicted outputs of the requests routed here
         self.ttft = Histogram(TTFT_BUCKETS_S)
         self.itl = Histogram(ITL_BUCKETS_S)
         self.e2e = Histogram(E2E_BUCKETS_S)
@@ -377,12 +387,34 @@ class Instance:
         raise AssertionError(f"{self.instance_id}: decoding batch without a finish step")
 
     # -- work in -------------------------------------------------------------------------------------
-    def enqueue(self, rid: int, priority: int, now_s: float) -> bool:
-        """Queue a request; True when a decode run in progress was cut short (its end time moved)."""
+    def enqueue(self, rid: int, priority: int, now_s: float, *, routed: bool = True) -> bool:
+        """Queue a request; True when a decode run in progress was cut short (its end time moved).
+        ``routed=False``: moved here from another instance's queue (not a new routing: not counted)."""
         heapq.heappush(self.waiting, (priority, rid))
-        self.router_requests_total += 1
+        if routed:
+            self.router_requests_total += 1
         self.load += 1
         return self.interrupt(now_s)
+
+    def promote_waiting(self, rid: int, priority: int) -> bool:
+        """Give a waiting request a new priority (re-queued by it); False when it is not waiting here."""
+        if not self.take_waiting(rid):
+            return False
+        heapq.heappush(self.waiting, (priority, rid))
+        self.load += 1
+        return True
+
+    def take_waiting(self, rid: int) -> bool:
+        """Remove ``rid`` from the waiting queue (not yet scheduled); False when it is not waiting here."""
+        for k, (_, r) in enumerate(self.waiting):
+            if r == rid:
+                last = self.waiting.pop()
+                if k < len(self.waiting):
+                    self.waiting[k] = last
+                    heapq.heapify(self.waiting)
+                self.load -= 1
+                return True
+        return False
 
     def interrupt(self, now_s: float) -> bool:
         """End a decode run in progress at its current step boundary, so that the next segment is planned

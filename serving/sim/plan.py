@@ -23,13 +23,21 @@ this module only chooses the load to size for, compares profiles, prices them, a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from serving.pools.local import (
+    DEFAULT_DECODE_MIN_SHARE,
+    DEFAULT_PREFILL_SHARE,
+    MIXED_NODE_DEFAULT_TOTAL,
+    mixed_node_share_problems,
+)
 from serving.sim.capacity import CapacityError, InstancesNeeded, instances_needed
+from serving.sim.fleet import FleetSpec, PoolSpec, single_pool
 from serving.sim.hardware import HardwareProfile, get_profile
 from serving.sim.latency import LatencyModel, latency_model_for
 from serving.workload.trace import Trace
@@ -426,7 +434,6 @@ def replay_check(
     drain_limit_s: float = 600.0,
 ) -> ReplayCheck:
     """Replay ``trace`` on ``prefill`` + ``decode`` fixed instances of ``profile`` and score it."""
-    from serving.sim.fleet import single_pool
     from serving.sim.replay import PolicyOptions, make_policy, replay
 
     fleet = single_pool(
@@ -493,3 +500,370 @@ def poisson_trace(
     return Trace.from_arrays(
         arrival, np.full(n, prompt_tokens), np.full(n, output_tokens), source=f"poisson({rate_rps} req/s)"
     )
+
+
+# -- placement: dedicated nodes or PD-mixed nodes (issue 8) ---------------------------------------------
+PLACEMENTS: tuple[str, ...] = ("dedicated", "mixed-node")
+PLACEMENT_MODES: tuple[str, ...] = (*PLACEMENTS, "compare")
+DEFAULT_PREFILL_MEM_FRAC = DEFAULT_PREFILL_SHARE  # the seed's split, as the launcher and manifests use it
+DEFAULT_MIXED_NODE_TOTAL = MIXED_NODE_DEFAULT_TOTAL  # decode's default share is this minus prefill's
+DEFAULT_MIXED_NODE_SLOWDOWN = PoolSpec.mixed_node_slowdown  # the simulator's default (an assumption)
+
+
+@dataclass(frozen=True)
+class NodePartition:
+    """How a PD-mixed node's GPU memory is split: each instance is vLLM with its own
+    ``--gpu-memory-utilization`` (its own copy of the weights and activation reserve, so the two KV caches
+    add up to less than one dedicated instance's), and decode steps ``slowdown`` x slower while the node's
+    prefill instance works. The shares follow the launcher's rules (``mixed_node_share_problems``: at most
+    0.95 together, decode at least ``decode_min_mem_frac``)."""
+
+    prefill_mem_frac: float = DEFAULT_PREFILL_MEM_FRAC
+    decode_mem_frac: float = DEFAULT_MIXED_NODE_TOTAL - DEFAULT_PREFILL_MEM_FRAC
+    slowdown: float = DEFAULT_MIXED_NODE_SLOWDOWN
+    decode_min_mem_frac: float = DEFAULT_DECODE_MIN_SHARE
+
+    def __post_init__(self) -> None:
+        problems = mixed_node_share_problems(
+            self.prefill_mem_frac,
+            self.decode_mem_frac,
+            self.decode_min_mem_frac,
+            names=("--prefill-mem-frac", "--decode-mem-frac", "--decode-min-mem-frac"),
+        )
+        if not (math.isfinite(self.slowdown) and self.slowdown >= 1.0):
+            problems.append(f"--mixed-node-slowdown: must be >= 1, got {self.slowdown}")
+        if problems:
+            raise PlanError("; ".join(problems))
+
+    def profiles(self, profile: HardwareProfile) -> tuple[HardwareProfile, HardwareProfile]:
+        """(prefill, decode) instance profiles: ``profile`` at each instance's memory share."""
+        out = []
+        for role, frac in (("prefill", self.prefill_mem_frac), ("decode", self.decode_mem_frac)):
+            if profile.kv_cache_gib is not None:  # a fixed KV pool (vLLM on CPU): the share is of that pool
+                over: dict[str, float] = {"kv_cache_gib": profile.kv_cache_gib * frac}
+            else:
+                over = {"gpu_memory_utilization": frac}
+            try:
+                out.append(profile.with_overrides(**over))
+            except ValueError as exc:
+                flag = f"--{role}-mem-frac"
+                raise PlanError(f"{flag} {frac:g}: the {role} instance of {profile.name} {exc}") from exc
+        return out[0], out[1]
+
+
+@dataclass(frozen=True)
+class MixedNodePlan:
+    """Nodes each hosting one prefill and one decode instance, sized by the same capacity model on the
+    partitioned profiles. Decode is sized for ``slo_itl_ms / effective_slowdown``: its steps run ``slowdown``
+    times slower while the node's prefill instance works, which it does ``prefill_busy`` of the time at the
+    planned load (the M/D/1 utilisation spread over the nodes), so the mean step stretches by
+    ``1 + (slowdown - 1) x prefill_busy``. The replay measures the real effect."""
+
+    profile: HardwareProfile
+    partition: NodePartition
+    prefill_need: InstancesNeeded
+    decode_need: InstancesNeeded
+    nodes: int
+    prefill_busy: float  # fraction of time a node's prefill instance works at the planned load
+
+    @property
+    def prefill(self) -> int:
+        return self.prefill_need.prefill
+
+    @property
+    def decode(self) -> int:
+        return self.decode_need.decode
+
+    @property
+    def effective_slowdown(self) -> float:
+        return 1.0 + (self.partition.slowdown - 1.0) * self.prefill_busy
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.profile.gpus
+
+    def kv_tokens(self) -> tuple[int, int]:
+        """KV tokens of the node's (prefill, decode) instance."""
+        pre, dec = self.partition.profiles(self.profile)
+        return pre.kv_capacity_tokens, dec.kv_capacity_tokens
+
+    def to_json(self) -> dict[str, object]:
+        kv_pre, kv_dec = self.kv_tokens()
+        return _clean(
+            {
+                "placement": "mixed-node",
+                "profile": self.profile.name,
+                "nodes": self.nodes,
+                "gpus": self.gpus,
+                "prefill_needed": self.prefill,
+                "decode_needed": self.decode,
+                "prefill_mem_frac": self.partition.prefill_mem_frac,
+                "decode_mem_frac": self.partition.decode_mem_frac,
+                "mixed_node_slowdown": self.partition.slowdown,
+                "prefill_busy": self.prefill_busy,
+                "effective_slowdown": self.effective_slowdown,
+                "prefill_kv_tokens": kv_pre,
+                "decode_kv_tokens": kv_dec,
+                "dedicated_kv_tokens": self.profile.kv_capacity_tokens,
+                "decode_max_batch": self.decode_need.decode_capacity.max_batch,
+                "decode_limited_by": self.decode_need.decode_capacity.limited_by,
+            }
+        )
+
+
+MAX_MIXED_NODES = 4096
+
+
+def plan_mixed_node(
+    profile: str | HardwareProfile,
+    sizing: Sizing | LoadPoint,
+    slo_ttft_ms: float,
+    slo_itl_ms: float,
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    partition: NodePartition | None = None,
+) -> MixedNodePlan:
+    """Size PD-mixed nodes for ``sizing``: the fewest nodes N whose prefill instances carry the prompt load
+    and whose decode instances, slowed by their prefill neighbours' busy share at N nodes, carry the
+    generation load (more nodes spread the prefill work thinner, so N is found by counting up). Example::
+
+    plan_mixed_node("llama3-8b/a100", LoadPoint(20, 1024, 256), 500, 30).nodes
+    """
+    base = get_profile(profile) if isinstance(profile, str) else profile
+    part = partition or NodePartition()
+    if isinstance(sizing, LoadPoint):
+        sizing = Sizing.steady(sizing)
+    pre_profile, dec_profile = part.profiles(base)
+    model = latency_model_for(base)
+    pre = _need(pre_profile, model, sizing.prefill_load, sizing.name, slo_ttft_ms, slo_itl_ms, headroom)
+    cap = pre.prefill_capacity
+    busy_total = (
+        pre.prefill_load_tps / cap.tokens_per_s * cap.utilisation if pre.prefill_load_tps > 0 else 0.0
+    )
+    last: PlanError | None = None
+    for nodes in range(max(pre.prefill, 1), MAX_MIXED_NODES + 1):
+        busy = min(busy_total / nodes, 1.0)
+        eff = 1.0 + (part.slowdown - 1.0) * busy
+        try:
+            dec = _need(
+                dec_profile, model, sizing.decode_load, sizing.name, slo_ttft_ms, slo_itl_ms / eff, headroom
+            )
+        except PlanError as exc:
+            last = exc
+            continue
+        if dec.decode <= nodes:
+            return MixedNodePlan(base, part, pre, dec, nodes, busy)
+    reason = f": {last}" if last is not None else ""
+    raise PlanError(
+        f"mixed-node: no node count up to {MAX_MIXED_NODES} meets the ITL SLO with decode steps slowed "
+        f"x{part.slowdown:g} while the node's prefill works{reason}"
+    )
+
+
+@dataclass(frozen=True)
+class PlacementCheck:
+    """One placement's planned capacity replayed with the ``fixed`` policy."""
+
+    placement: str
+    prefill: int
+    decode: int
+    nodes: int
+    gpus: int
+    slo_attainment: float
+    gpu_seconds: float
+    ttft_p90_ms: float
+    itl_mean_ms: float
+    unfinished: int
+    meets: bool  # slo_attainment >= min_attainment
+
+    def to_json(self) -> dict[str, object]:
+        return _clean(dict(vars(self)))
+
+
+@dataclass(frozen=True)
+class PlacementComparison:
+    """Both placements replayed on the same trace, and which one wins and why (:func:`choose_placement`)."""
+
+    dedicated: PlacementCheck
+    mixed_node: PlacementCheck
+    winner: str
+    reason: str
+    min_attainment: float
+    planned_nodes: int  # the capacity model's mixed-node count (mixed_node.nodes may be more: searched)
+    mixed_node_tried: tuple[tuple[int, float], ...] = ()  # (nodes, attainment) of every mixed-node replay
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "winner": self.winner,
+            "reason": self.reason,
+            "min_attainment": self.min_attainment,
+            "dedicated": self.dedicated.to_json(),
+            "mixed-node": self.mixed_node.to_json(),
+            "mixed_node_planned_nodes": self.planned_nodes,
+            "mixed_node_tried": [{"nodes": n, "slo_attainment": a} for n, a in self.mixed_node_tried],
+        }
+
+
+def choose_placement(
+    dedicated: PlacementCheck, mixed: PlacementCheck, min_attainment: float
+) -> tuple[str, str]:
+    """(winner, reason). Only a placement that meets the SLO (attainment >= ``min_attainment``) can win on
+    GPUs: if both meet, fewer GPUs wins (then higher attainment, then dedicated, which has no interference
+    to go wrong); if one meets, it wins; if neither does, the higher attainment wins and the reason says so."""
+
+    def att(c: PlacementCheck) -> str:
+        return f"attainment {c.slo_attainment:.4f}"
+
+    d, m = dedicated, mixed
+    if d.meets and m.meets:
+        if m.gpus != d.gpus:
+            win, lose = (m, d) if m.gpus < d.gpus else (d, m)
+            return win.placement, (
+                f"both meet the SLO (>= {min_attainment:g}); {win.placement} needs {win.gpus} GPUs against "
+                f"{lose.gpus} for {lose.placement} ({att(win)} vs {att(lose)})"
+            )
+        if m.slo_attainment > d.slo_attainment:
+            return (
+                m.placement,
+                f"both meet with {d.gpus} GPUs; mixed-node has the higher {att(m)} vs {att(d)}",
+            )
+        return d.placement, (
+            f"both meet with {d.gpus} GPUs and mixed-node is no better ({att(m)} vs {att(d)}): dedicated "
+            "nodes avoid the co-location interference"
+        )
+    if d.meets != m.meets:
+        win, lose = (d, m) if d.meets else (m, d)
+        return win.placement, (
+            f"only {win.placement} meets the SLO (>= {min_attainment:g}): {att(win)} with {win.gpus} GPUs; "
+            f"{lose.placement} reaches {att(lose)} with {lose.gpus} GPUs"
+        )
+    win, lose = (m, d) if m.slo_attainment > d.slo_attainment else (d, m)
+    return win.placement, (
+        f"neither meets the SLO (>= {min_attainment:g}); {win.placement} comes closer: {att(win)} with "
+        f"{win.gpus} GPUs vs {att(lose)} with {lose.gpus} GPUs for {lose.placement}"
+    )
+
+
+def placement_fleet(
+    placement: str,
+    profile: str | HardwareProfile,
+    prefill: int,
+    decode: int,
+    slo_ttft_ms: float,
+    slo_itl_ms: float,
+    *,
+    partition: NodePartition | None = None,
+) -> tuple[FleetSpec, HardwareProfile]:
+    """The one-pool fleet (pool ``default``) and the hardware profile the simulator should run ``placement``
+    with. Mixed-node: the simulator splits one KV pool by ``prefill_mem_frac``; the pool is set to the sum
+    of the two instances' KV caches under vLLM's memory accounting and the fraction to prefill's part, so each
+    instance gets exactly its own KV tokens (up to block rounding)."""
+
+    if placement not in PLACEMENTS:
+        raise PlanError(f"--placement {placement!r}: expected one of {PLACEMENTS}")
+    base = get_profile(profile) if isinstance(profile, str) else profile
+    fleet = single_pool(
+        profile=base.name, prefill=prefill, decode=decode, slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms
+    )
+    if placement == "dedicated":
+        return fleet, base
+    part = partition or NodePartition()
+    pre_p, dec_p = part.profiles(base)
+    kv_pre, kv_dec = pre_p.kv_pool_bytes_per_gpu, dec_p.kv_pool_bytes_per_gpu
+    pool = dataclasses.replace(
+        fleet.pools[0],
+        placement="mixed-node",
+        prefill_mem_frac=kv_pre / (kv_pre + kv_dec),
+        mixed_node_slowdown=part.slowdown,
+    )
+    return dataclasses.replace(fleet, pools=(pool,)), base.with_overrides(
+        kv_cache_gib=(kv_pre + kv_dec) / (1 << 30)
+    )
+
+
+def replay_placement(
+    placement: str,
+    profile: str | HardwareProfile,
+    trace: Trace,
+    prefill: int,
+    decode: int,
+    slo_ttft_ms: float,
+    slo_itl_ms: float,
+    *,
+    partition: NodePartition | None = None,
+    min_attainment: float = DEFAULT_MIN_ATTAINMENT,
+    drain_limit_s: float = 600.0,
+) -> PlacementCheck:
+    """Replay ``trace`` on fixed capacity in ``placement`` (mixed-node: ``max(prefill, decode)`` nodes, see
+    :func:`placement_fleet`) with the ``fixed`` policy, and score it."""
+    from serving.sim.replay import PolicyOptions, make_policy, replay
+
+    base = get_profile(profile) if isinstance(profile, str) else profile
+    fleet, sim_profile = placement_fleet(
+        placement, base, prefill, decode, slo_ttft_ms, slo_itl_ms, partition=partition
+    )
+    nodes = max(prefill, decode) if placement == "mixed-node" else prefill + decode
+    latency = latency_model_for(base)
+
+    def models(name: str) -> tuple[HardwareProfile, LatencyModel]:
+        if name != base.name:
+            raise PlanError(f"replay asked for profile {name!r}, planned {base.name!r}")
+        return sim_profile, latency
+
+    policy = make_policy("fixed", PolicyOptions(prefill=prefill, decode=decode))
+    report = replay(fleet, {"default": trace}, policy, drain_limit_s=drain_limit_s, models=models)
+    itl = report.request_itl_ms[np.isfinite(report.request_itl_ms)]
+    return PlacementCheck(
+        placement=placement,
+        prefill=prefill,
+        decode=decode,
+        nodes=nodes,
+        gpus=nodes * base.gpus,
+        slo_attainment=report.slo_attainment,
+        gpu_seconds=report.gpu_seconds,
+        ttft_p90_ms=report.ttft_ms["p90"],
+        itl_mean_ms=float(itl.mean()) if len(itl) else math.nan,
+        unfinished=report.unfinished,
+        meets=bool(report.slo_attainment >= min_attainment),
+    )
+
+
+def compare_placements(
+    dedicated: ProfilePlan,
+    mixed: MixedNodePlan,
+    trace: Trace,
+    slo_ttft_ms: float,
+    slo_itl_ms: float,
+    *,
+    min_attainment: float = DEFAULT_MIN_ATTAINMENT,
+    search: bool = True,
+) -> PlacementComparison:
+    """Replay the dedicated plan (P + D nodes) and the mixed-node plan (N nodes of one prefill + one decode)
+    on ``trace`` with the ``fixed`` policy, and choose (:func:`choose_placement`).
+
+    With ``search``, when the mixed-node plan misses the SLO, one node more is replayed at a time while
+    mixed-node would use no more GPUs than dedicated: the interference model is an assumption, so the
+    measured node count, not the planned one, is what competes.
+    """
+    d = replay_placement(
+        "dedicated", dedicated.profile, trace, dedicated.prefill, dedicated.decode, slo_ttft_ms, slo_itl_ms,
+        min_attainment=min_attainment,
+    )  # fmt: skip
+
+    def mixed_at(nodes: int) -> PlacementCheck:
+        return replay_placement(
+            "mixed-node", mixed.profile, trace, nodes, nodes, slo_ttft_ms, slo_itl_ms,
+            partition=mixed.partition, min_attainment=min_attainment,
+        )  # fmt: skip
+
+    m = mixed_at(mixed.nodes)
+    tried = [(m.nodes, m.slo_attainment)]
+    while search and not m.meets and (m.nodes + 1) * mixed.profile.gpus <= d.gpus:
+        m = mixed_at(m.nodes + 1)
+        tried.append((m.nodes, m.slo_attainment))
+    winner, reason = choose_placement(d, m, min_attainment)
+    if m.nodes != mixed.nodes:
+        reason += (
+            f" (the capacity model planned {mixed.nodes} mixed nodes; replays tried {mixed.nodes}..{m.nodes})"
+        )
+    return PlacementComparison(d, m, winner, reason, min_attainment, mixed.nodes, tuple(tried))

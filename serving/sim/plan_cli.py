@@ -17,15 +17,25 @@ from rich.table import Table
 from serving.sim.hardware import ProfileError
 from serving.sim.plan import (
     DEFAULT_HEADROOM,
+    DEFAULT_MIN_ATTAINMENT,
+    DEFAULT_MIXED_NODE_SLOWDOWN,
+    DEFAULT_MIXED_NODE_TOTAL,
+    DEFAULT_PREFILL_MEM_FRAC,
     DEFAULT_WINDOW_S,
+    PLACEMENT_MODES,
     LoadPoint,
+    MixedNodePlan,
+    NodePartition,
+    PlacementComparison,
     Plan,
     PlanError,
     ProfilePlan,
     Sizing,
     Verification,
+    compare_placements,
     parse_prices,
     plan_capacity,
+    plan_mixed_node,
     poisson_trace,
     trace_sizings,
     verify_plan,
@@ -71,6 +81,27 @@ def plan_cmd(
             "120-s Poisson trace of --rate-rps with fixed --isl/--osl. Uses the plan's headroom."
         ),
     ] = False,
+    placement: Annotated[
+        str,
+        typer.Option(
+            help="dedicated (one instance per node), mixed-node (a prefill and a decode instance per node, "
+            "GPU memory split), or compare (replay both and choose)."
+        ),
+    ] = "dedicated",
+    prefill_mem_frac: Annotated[
+        float, typer.Option(help="mixed-node: the prefill instance's --gpu-memory-utilization.")
+    ] = DEFAULT_PREFILL_MEM_FRAC,
+    decode_mem_frac: Annotated[
+        float | None,
+        typer.Option(help="mixed-node: the decode instance's share (default 0.9 - --prefill-mem-frac)."),
+    ] = None,
+    mixed_node_slowdown: Annotated[
+        float,
+        typer.Option(help="mixed-node: decode steps are this many times slower while the prefill works."),
+    ] = DEFAULT_MIXED_NODE_SLOWDOWN,
+    min_attainment: Annotated[
+        float, typer.Option(min=0, max=1, help="compare/verify: SLO attainment a placement must reach.")
+    ] = DEFAULT_MIN_ATTAINMENT,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the plan as JSON here.")] = None,
 ) -> None:
     """How many prefill and decode instances (and GPUs) a load needs to meet its TTFT and ITL SLOs.
@@ -85,6 +116,17 @@ def plan_cmd(
     (prefill sized by prompt tokens, decode by generated tokens). The JSON's top level is the first
     profile (at the peak with --trace); every profile is under "profiles".
 
+    --placement mixed-node sizes PD-mixed nodes instead: each node runs a prefill and a decode vLLM with
+    --gpu-memory-utilization --prefill-mem-frac (0.4) and --decode-mem-frac (0.5), so each has its own,
+    smaller KV cache, and its steps run --mixed-node-slowdown (1.3; the simulator's assumed interference,
+    not a measurement) times slower while the node's prefill works, so decode is sized for the ITL SLO
+    divided by the mean slowdown at the planned prefill load. --placement compare replays both plans through
+    the simulator (fixed policy, the trace or a 120-s Poisson trace of --rate-rps), adds mixed nodes one at a
+    time while the replay misses --min-attainment and mixed-node uses no more GPUs than dedicated, and picks
+    the placement that meets --min-attainment with fewer GPUs, saying why. JSON: "placement" is the
+    chosen placement (its counts are the top-level prefill/decode/gpus/nodes), "placement_comparison"
+    holds both replays.
+
     Examples:
 
       pdscale plan --rate-rps 20 --isl 1024 --osl 256 --slo-ttft-ms 500 --slo-itl-ms 30 --explain
@@ -93,6 +135,8 @@ def plan_cmd(
         --profile llama3-8b/a100 --profile llama2-7b/h100 --price llama2-7b/h100=4.0 --price llama3-8b/a100=2.0
 
       pdscale plan --trace datasets/mooncake/synthetic_trace.jsonl --slo-ttft-ms 6000 --slo-itl-ms 60 --json plan.json
+
+      pdscale plan --rate-rps 20 --isl 1024 --osl 256 --slo-ttft-ms 500 --slo-itl-ms 30 --placement compare
     """
     profiles = profile or ["llama3-8b/a100"]
     try:
@@ -113,6 +157,18 @@ def plan_cmd(
             plan_capacity(profiles, s, slo_ttft_ms, slo_itl_ms, headroom=headroom, prices=prices)
             for s in sizings
         ]
+        if placement not in PLACEMENT_MODES:
+            raise PlanError(f"--placement {placement!r}: expected one of {', '.join(PLACEMENT_MODES)}")
+        mixed: MixedNodePlan | None = None
+        if placement != "dedicated":
+            share = decode_mem_frac
+            if share is None:
+                share = round(DEFAULT_MIXED_NODE_TOTAL - prefill_mem_frac, 4)
+            part = NodePartition(prefill_mem_frac, share, mixed_node_slowdown)
+            first = plans[0]
+            mixed = plan_mixed_node(
+                first.first.profile, first.sizing, slo_ttft_ms, slo_itl_ms, headroom=headroom, partition=part
+            )
     except (PlanError, ProfileError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     _print_table(plans, bool(prices))
@@ -125,20 +181,92 @@ def plan_cmd(
         result["trace"] = str(trace)
         result["window_s"] = window_s
         result["sizings"] = {pl.sizing.name: pl.to_json() for pl in plans}
+    if (verify or placement == "compare") and loaded is None:
+        assert rate_rps is not None and isl is not None and osl is not None
+        if rate_rps <= 0:
+            raise typer.BadParameter(f"--{'verify' if verify else 'placement compare'} needs --rate-rps > 0")
+        loaded = poisson_trace(rate_rps, round(isl), round(osl))
     if verify:
-        if loaded is None:
-            assert rate_rps is not None and isl is not None and osl is not None
-            if rate_rps <= 0:
-                raise typer.BadParameter("--verify needs --rate-rps > 0")
-            loaded = poisson_trace(rate_rps, round(isl), round(osl))
-        first = plans[0]
-        v = verify_plan(first.first, loaded, slo_ttft_ms, slo_itl_ms)
+        assert loaded is not None
+        v = verify_plan(plans[0].first, loaded, slo_ttft_ms, slo_itl_ms, min_attainment=min_attainment)
         _print_verification(v)
         result["verification"] = _verification_json(v)
+    result["placement_mode"] = placement
+    result.update(_placement_result(placement, plans[0].first, mixed))
+    if mixed is not None:
+        _print_mixed(mixed)
+    if placement == "compare":
+        assert mixed is not None and loaded is not None
+        comparison = compare_placements(
+            plans[0].first, mixed, loaded, slo_ttft_ms, slo_itl_ms, min_attainment=min_attainment
+        )
+        _print_comparison(comparison)
+        result["placement_comparison"] = comparison.to_json()
+        result.update(_placement_result(comparison.winner, plans[0].first, mixed))
+        if comparison.winner == "mixed-node":  # the measured node count, which a search may have raised
+            m = comparison.mixed_node
+            result.update(prefill=m.nodes, decode=m.nodes, nodes=m.nodes, gpus=m.gpus)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=2) + "\n")
         _console.print(f"wrote {json_out}")
+
+
+def _placement_result(chosen: str, dedicated: ProfilePlan, mixed: MixedNodePlan | None) -> dict[str, object]:
+    """The top-level fields for the chosen placement ("compare" before the replays: dedicated's counts)."""
+    out: dict[str, object] = {}
+    if mixed is not None:
+        out["mixed_node"] = mixed.to_json()
+    if chosen == "mixed-node":
+        assert mixed is not None
+        out.update(
+            placement=chosen, prefill=mixed.nodes, decode=mixed.nodes, nodes=mixed.nodes, gpus=mixed.gpus
+        )
+    else:
+        out.update(
+            placement="dedicated",
+            prefill=dedicated.prefill,
+            decode=dedicated.decode,
+            nodes=dedicated.instances,
+            gpus=dedicated.gpus,
+        )
+    return out
+
+
+def _print_mixed(m: MixedNodePlan) -> None:
+    kv_pre, kv_dec = m.kv_tokens()
+    p = m.partition
+    _console.print(
+        f"[bold]mixed-node: {m.nodes} nodes = {m.gpus} GPUs[/bold] (prefill needs {m.prefill}, decode {m.decode}; "
+        f"--gpu-memory-utilization {p.prefill_mem_frac:g} / {p.decode_mem_frac:g}: KV {kv_pre:,} / {kv_dec:,} "
+        f"tokens against {m.profile.kv_capacity_tokens:,} dedicated; decode sized for the ITL SLO / "
+        f"{m.effective_slowdown:.2f}: steps x{p.slowdown:g} while the node's prefill works, "
+        f"{m.prefill_busy:.0%} of the time)",
+        highlight=False,
+    )
+
+
+def _print_comparison(c: PlacementComparison) -> None:
+    table = Table(title=f"placement replay (fixed policy; meets = SLO attainment ≥ {c.min_attainment:g})")
+    for col in ("placement", "prefill", "decode", "nodes", "GPUs", "GPU·s", "attainment", "P90 TTFT ms",
+                "mean ITL ms", "unfinished", "meets"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "placement" else "right")
+    for k in (c.dedicated, c.mixed_node):
+        table.add_row(
+            k.placement + (" *" if k.placement == c.winner else ""), str(k.prefill), str(k.decode), str(k.nodes),
+            str(k.gpus), f"{k.gpu_seconds:,.0f}", f"{k.slo_attainment:.4f}", _num(k.ttft_p90_ms, ".1f"),
+            _num(k.itl_mean_ms, ".2f"), str(k.unfinished), "yes" if k.meets else "no",
+        )  # fmt: skip
+    _console.print(table)
+    if len(c.mixed_node_tried) > 1:
+        steps = ", ".join(f"{n} nodes → {a:.4f}" for n, a in c.mixed_node_tried)
+        _console.print(f"mixed-node replays (attainment): {steps}", highlight=False)
+    _console.print(f"[bold]placement: {c.winner}[/bold] — {c.reason}", highlight=False)
+    _console.print(
+        "mixed-node figures rest on the simulator's interference model (decode steps x slowdown while the "
+        "node's prefill works; prefill not slowed): an assumption, not a measurement",
+        highlight=False,
+    )
 
 
 def _num(x: float, fmt: str = ".2f") -> str:

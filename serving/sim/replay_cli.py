@@ -72,6 +72,41 @@ def replay_cmd(
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Draw load, capacity and TTFT to this PNG.")
     ] = None,
+    fleet_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--fleet",
+            help="Fleet file (YAML): gpu_budget and pools, each with its own profile, trace, SLOs and bounds.",
+        ),
+    ] = None,
+    budget_split: Annotated[
+        str,
+        typer.Option(
+            "--budget-split",
+            help="With --fleet: 'shared' (one controller, whole budget) or 'static' (split by peak demand).",
+        ),
+    ] = "shared",
+    standby: Annotated[
+        int, typer.Option("--standby", min=0, help="Warm-standby instances per role (fixed policy).")
+    ] = 0,
+    tail_fraction: Annotated[
+        float | None,
+        typer.Option(
+            "--tail-fraction",
+            min=0.0,
+            max=1.0,
+            help="Tail promotion: a request queued past this fraction of the TTFT SLO jumps the queue and, when"
+            " the pool has a warm standby, one is promoted for it (default: off).",
+        ),
+    ] = None,
+    predict_output: Annotated[
+        bool,
+        typer.Option(
+            "--predict-output",
+            help="Route on predicted output lengths (learned online from completions) instead of the trace's"
+            " true lengths.",
+        ),
+    ] = False,
 ) -> None:
     """Replay a trace through the simulated P/D cluster; report latency, SLO attainment and GPU cost.
 
@@ -87,11 +122,39 @@ def replay_cmd(
     With no --trace it replays the bundled Azure 2023 conversation trace (12k requests, 34 min).
 
     Example: pdscale replay --policy fixed --prefill 2 --decode 3 --json out.json --plot out.png
+
+    Tail requests: --tail-fraction 0.5 promotes a request that has waited half its TTFT SLO, and a warm standby
+    for it (counted as tail_promotions / standby_promotions per pool in the JSON).
+    Example: pdscale replay --policy fixed --prefill 2 --decode 2 --standby 1 --tail-fraction 0.5
+
+    [bold]Fleets[/] (several models under one GPU budget): --fleet FLEET.yaml names gpu_budget and pools, each
+    with name, profile, trace (relative to the file; `model:` selects rows of a multi-model trace such as
+    BurstGPT's), slo_ttft_ms, slo_itl_ms, optional prefill/decode bounds and policy overrides.
+    --budget-split shared: one policy decides all pools each tick with the whole budget (when it binds, the
+    pool at the highest SLO risk gets the GPUs; a pool's peak-proportional share is guaranteed to it and only
+    borrowed while it does not plan to use it); static: the budget is split in proportion to each trace's
+    peak demand and each pool replays alone in its share. The JSON holds the fleet's figures and pools → name.
+
+    Example: pdscale replay --fleet examples/fleet-two-models.yaml --policy predictive --budget-split static
     """
+    if fleet_file is not None:
+        given = {
+            "--trace": trace, "--config": config, "--profile": profile, "--slo-ttft-ms": slo_ttft_ms,
+            "--slo-itl-ms": slo_itl_ms, "--prefill": prefill, "--decode": decode, "--mixed": mixed,
+            "--router": router, "--format": fmt, "--plot": plot, "--tail-fraction": tail_fraction,
+            "--standby": standby or None, "--predict-output": predict_output or None,
+        }  # fmt: skip
+        clash = [k for k, v in given.items() if v is not None]
+        if clash:
+            raise _fail(f"--fleet takes pools, traces and SLOs from the fleet file; drop {', '.join(clash)}")
+        _replay_fleet(fleet_file, policy, budget_split, duration_s, tick_s, json_out)
+        return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from serving.sim.engine import TailPolicy
     from serving.sim.fleet import load_fleet, single_pool
     from serving.sim.replay import PolicyOptions, make_policy, replay
+    from serving.workload.outlen import OutputLengthPredictor
     from serving.workload.readers import read_trace
 
     console = Console()
@@ -107,7 +170,11 @@ def replay_cmd(
         fleet = _override(fleet, profile, slo_ttft_ms, slo_itl_ms, router)
         if len(fleet.pools) != 1:
             raise ValueError(f"{config}: the CLI replays one trace, so the fleet needs exactly one pool")
-        chosen = make_policy(policy, PolicyOptions(prefill=prefill, decode=decode, mixed=mixed))
+        chosen = make_policy(
+            policy, PolicyOptions(prefill=prefill, decode=decode, mixed=mixed, standby=standby)
+        )
+        tail = TailPolicy(fraction=tail_fraction) if tail_fraction is not None else None
+        predictor = OutputLengthPredictor() if predict_output else None
         progress = Progress(
             TextColumn("replay"), BarColumn(), TextColumn("{task.fields[sim]}"), TimeElapsedColumn(),
             console=Console(stderr=True), transient=True,
@@ -121,7 +188,10 @@ def replay_cmd(
                         task, total=max(end_s, 1.0), completed=min(now_s, end_s), sim=f"t={now_s:,.0f}s"
                     )
 
-            report = replay(fleet, {fleet.pools[0].name: requests}, chosen, tick_s=tick_s, progress=tick)
+            report = replay(
+                fleet, {fleet.pools[0].name: requests}, chosen, tick_s=tick_s, progress=tick, tail=tail,
+                output_predictor=predictor,
+            )  # fmt: skip
     except (OSError, ValueError, KeyError, NotImplementedError) as exc:
         raise _fail(str(exc)) from None
 
@@ -173,3 +243,67 @@ def _override(
         return fleet
     pools = tuple(dataclasses.replace(p, **changes) for p in fleet.pools)  # type: ignore[arg-type]
     return dataclasses.replace(fleet, pools=pools)
+
+
+def _replay_fleet(
+    path: Path, policy: str, split: str, duration_s: float | None, tick_s: float, json_out: Path | None
+) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from serving.sim.fleet_file import SPLITS, load_fleet_file, replay_fleet
+
+    console = Console()
+    if split not in SPLITS:
+        raise _fail(f"--budget-split {split!r}: expected one of {', '.join(SPLITS)}")
+    try:
+        fleet = load_fleet_file(path, duration_s=duration_s)
+        progress = Progress(
+            TextColumn("replay {task.fields[label]}"), BarColumn(), TextColumn("{task.fields[sim]}"),
+            TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+        )  # fmt: skip
+        with progress:
+            task = progress.add_task("replay", total=None, sim="", label="")
+
+            def tick(label: str, now_s: float, end_s: float) -> None:
+                if int(now_s) % 30 == 0:
+                    progress.update(
+                        task, total=max(end_s, 1.0), completed=min(now_s, end_s), sim=f"t={now_s:,.0f}s",
+                        label=label,
+                    )  # fmt: skip
+
+            result = replay_fleet(
+                fleet.spec, fleet.traces, policy, split=split, pool_params=fleet.policy_params,
+                tick_s=tick_s, progress=tick,
+            )  # fmt: skip
+    except (OSError, ValueError, KeyError, NotImplementedError) as exc:
+        raise _fail(str(exc)) from None
+
+    doc = result.to_json()
+    table = Table(
+        title=f"fleet replay of {path.name} — policy {doc['policy']}, budget {doc['gpu_budget']} GPUs {split}"
+    )
+    for column in ("pool", "profile", "budget / peak GPUs", "requests", "completed", "SLO attained",
+                   "TTFT p90 ms", "ITL p90 ms", "GPU-hours"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("pool", "profile") else "right")
+
+    def pct(x: float | None) -> str:
+        return "unknown" if x is None else f"{x:.2%}"
+
+    def ms(x: float | None) -> str:
+        return "unknown" if x is None else f"{x:,.0f}"
+
+    for name, p in doc["pools"].items():
+        table.add_row(
+            name, p["profile"], f"{p['gpu_budget']} / {p['peak_demand_gpus']}", f"{p['requests']:,}",
+            f"{p['completed']:,}", pct(p["slo_attainment"]), ms(p["ttft_ms"]["p90"]), ms(p["itl_ms"]["p90"]),
+            f"{p['gpu_hours']:,.2f}",
+        )  # fmt: skip
+    table.add_row(
+        "[bold]fleet[/]", "", f"{doc['gpu_budget']}", f"{doc['requests']:,}", f"{doc['completed']:,}",
+        pct(doc["slo_attainment"]), ms(doc["ttft_ms"]["p90"]), ms(doc["itl_ms"]["p90"]),
+        f"{doc['gpu_hours']:,.2f}",
+    )  # fmt: skip
+    console.print(table)
+    if json_out is not None:
+        json_out.write_text(json.dumps(doc, indent=2) + "\n")
+        console.print(f"wrote {json_out}")

@@ -7,13 +7,17 @@ the simulator holds a request at the pool's router queue while no instance of th
 - ``least-loaded``: fewest requests (running + waiting), ties to the lowest instance id.
 - ``context-aware`` (the Block article's policy): prompts above 2048 tokens go to prefill instances
   marked fast/long-context, other prompts prefer unmarked ones; a request whose predicted output is longer
-  than the pool's running average output goes to a decode instance marked high-memory. The predicted
-  output is the trace's own ``output_tokens`` (an oracle length predictor); within the preferred group
-  it is least-loaded. With no marked instance ready it falls back to least-loaded over all.
+  than a threshold goes to a decode instance marked high-memory: ``long_output_tokens`` when set (e.g.
+  ``register_router("context-aware", lambda: ContextAwareRouter(long_output_tokens=512))``), else the
+  running mean of the predictions seen so far. The prediction is the simulator's: the trace's own
+  ``output_tokens`` (an oracle) unless the simulator was given an ``OutputLengthPredictor``
+  (``serving.workload.outlen``); NaN = unknown, never long. Within the preferred group it is
+  least-loaded. With no marked instance ready it falls back to least-loaded over all.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,7 +41,7 @@ class RouteRequest:
     """The request being placed. ``stage`` is the role needed: prefill, decode or mixed."""
 
     prompt_tokens: int
-    predicted_output_tokens: int
+    predicted_output_tokens: float  # NaN = unknown
     priority: int
     stage: str
 
@@ -83,17 +87,26 @@ class LeastLoadedRouter:
 class ContextAwareRouter:
     name = "context-aware"
 
-    def __init__(self, long_context_tokens: int = LONG_CONTEXT_TOKENS) -> None:
+    def __init__(
+        self, long_context_tokens: int = LONG_CONTEXT_TOKENS, long_output_tokens: float | None = None
+    ) -> None:
+        if long_output_tokens is not None and not long_output_tokens >= 0:
+            raise ValueError(f"long_output_tokens={long_output_tokens} must be >= 0 (or None: running mean)")
         self.long_context_tokens = long_context_tokens
+        self.long_output_tokens = long_output_tokens
         self._output_sum = 0.0
         self._output_n = 0
 
     def choose(self, request: RouteRequest, candidates: Sequence[Backend]) -> int:
         if request.stage == "decode":
-            avg = self._output_sum / self._output_n if self._output_n else float("inf")
-            self._output_sum += request.predicted_output_tokens
-            self._output_n += 1
-            want_marked = request.predicted_output_tokens > avg
+            predicted = request.predicted_output_tokens
+            threshold = self.long_output_tokens
+            if threshold is None:
+                threshold = self._output_sum / self._output_n if self._output_n else math.inf
+                if not math.isnan(predicted):
+                    self._output_sum += predicted
+                    self._output_n += 1
+            want_marked = predicted > threshold  # NaN: not known to be long
         else:
             want_marked = request.prompt_tokens > self.long_context_tokens
         group = [i for i, c in enumerate(candidates) if c.marked == want_marked]

@@ -21,6 +21,19 @@ NUM_PREEMPTIONS_TOTAL = "vllm:num_preemptions_total"
 REQUEST_SUCCESS_TOTAL = "vllm:request_success_total"
 # Not a vLLM metric: arrivals routed to the instance (a router-side counter, exported by pdscale's router)
 ROUTER_REQUESTS_TOTAL = "pdscale:router_requests_total"
+# Not a vLLM metric: prompt tokens of the requests routed to an entry (prefill or mixed) instance, counted at
+# routing (the router's estimate on real vLLM). Demand as it arrives: vllm:prompt_tokens_total counts tokens as
+# they are processed, so it flattens at the instances' throughput exactly when demand exceeds it.
+ROUTER_PROMPT_TOKENS_TOTAL = "pdscale:router_prompt_tokens_total"
+# Not vLLM metrics: tail-request handling in the simulator (serving.sim.engine.TailPolicy). Requests moved to
+# the front of this instance's queue after waiting a fraction of the TTFT SLO, and times this instance was
+# promoted from standby for such a request. Exported only when a TailPolicy is set.
+TAIL_PROMOTIONS_TOTAL = "pdscale:tail_promotions_total"
+STANDBY_PROMOTIONS_TOTAL = "pdscale:standby_promotions_total"
+# Not a vLLM metric: the sum of the output-length predictions (serving.workload.outlen) of the requests routed
+# to this entry (prefill or mixed) instance, counted at routing: decode demand known at arrival. Exported only
+# when the simulator has an output predictor (unknown predictions add nothing).
+PREDICTED_OUTPUT_TOKENS_TOTAL = "pdscale:predicted_output_tokens_total"
 # Histograms (seconds)
 TIME_TO_FIRST_TOKEN_SECONDS = "vllm:time_to_first_token_seconds"
 INTER_TOKEN_LATENCY_SECONDS = "vllm:inter_token_latency_seconds"

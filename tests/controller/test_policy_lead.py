@@ -119,7 +119,7 @@ def test_standby_size(label: str, need: float, target: int, spread: float, most:
         ("no forecast", None, NAN),
         ("p90 twice p50", _fc(50.0, 100.0), 0.5),
         ("no spread", _fc(50.0, 50.0), 0.0),
-        ("zero p90 is unknown", _fc(0.0, 0.0), NAN),
+        ("no arrivals forecast: no spread", _fc(0.0, 0.0), 0.0),
     ],
 )
 def test_forecast_spread(label: str, fc: PoolForecast | None, expected: float) -> None:

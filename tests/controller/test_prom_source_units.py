@@ -107,7 +107,7 @@ def test_one_query_per_metric_and_the_canonical_spelling_wins() -> None:
                 row("vllm:num_requests_running", 3, **lab),
                 row("vllm_num_requests_running", 3, **lab),
             ],
-            "prompt_tokens": [
+            "vllm[:_]prompt_tokens": [
                 row("vllm_prompt_tokens_total", 10, **lab),
                 row("vllm:prompt_tokens_total", 12, **lab),
             ],
@@ -120,12 +120,13 @@ def test_one_query_per_metric_and_the_canonical_spelling_wins() -> None:
     )
     source = PrometheusSource("http://unused", querier=q)
     s = source.scrape(100.0)
-    assert len(q.queries) == 3 + 4 + 2  # gauges, counters, histograms: one each for the whole fleet
+    assert len(q.queries) == 3 + 5 + 2  # gauges, counters, histograms: one each for the whole fleet
     assert s.gauges[names.NUM_REQUESTS_RUNNING][0] == 3.0  # not 6: spellings are never added up
     assert s.counters[names.PROMPT_TOKENS_TOTAL][0] == 12.0  # the canonical name, wherever it comes
     assert s.gauges[names.KV_CACHE_USAGE_PERC][0] == pytest.approx(0.3)  # engines averaged
     assert math.isnan(s.gauges[names.NUM_REQUESTS_WAITING][0])  # a NaN sample stays unknown
     assert names.ROUTER_REQUESTS_TOTAL not in s.counters  # absent everywhere: left out, rates NaN
+    assert names.ROUTER_PROMPT_TOKENS_TOTAL not in s.counters
     assert math.isnan(s.counters[names.NUM_PREEMPTIONS_TOTAL][0])
     assert source.stats().spelling_conflicts == 2
 

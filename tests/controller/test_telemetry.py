@@ -71,3 +71,36 @@ def test_registries_are_private() -> None:
     a.error("permanent")
     assert a.registry.get_sample_value("pdscale_controller_errors_total", {"kind": "permanent"}) == 1
     assert b.registry.get_sample_value("pdscale_controller_errors_total", {"kind": "permanent"}) == 0
+
+
+def test_serving_tail_counters_are_mirrored_per_pool() -> None:
+    import numpy as np
+
+    from serving.sim.samples import STANDBY_PROMOTIONS_TOTAL, TAIL_PROMOTIONS_TOTAL, InstanceSamples
+
+    telemetry = Telemetry(VirtualClock())
+    samples = InstanceSamples(
+        now_s=0.0,
+        instance_ids=("p0", "p1", "q0"),
+        pools=("chat", "chat", "docs"),
+        roles=("prefill", "prefill", "prefill"),
+        nodes=("n0", "n1", "n2"),
+        states=("active", "active", "active"),
+        counters={
+            TAIL_PROMOTIONS_TOTAL: np.array([3.0, 4.0, 1.0]),
+            STANDBY_PROMOTIONS_TOTAL: np.array([1.0, 0, 0]),
+        },
+    )
+    telemetry.serving_counters(samples)
+    found = {
+        (s.name, s.labels["pool"]): s.value
+        for family in text_string_to_metric_families(telemetry.render().decode())
+        for s in family.samples
+        if "serving_" in s.name
+    }
+    assert found == {
+        ("pdscale_controller_serving_tail_promotions", "chat"): 7.0,
+        ("pdscale_controller_serving_tail_promotions", "docs"): 1.0,
+        ("pdscale_controller_serving_standby_promotions", "chat"): 1.0,
+        ("pdscale_controller_serving_standby_promotions", "docs"): 0.0,
+    }

@@ -178,6 +178,17 @@ def test_mixed_node_puts_both_roles_in_one_pod_sharing_the_gpus() -> None:
         "0.3",
         "0.6",
     )
+    both = render(
+        ManifestSpec(
+            placement="mixed-node", prefill_mem_frac=0.35, decode_mem_frac=0.6, decode_min_mem_frac=0.6
+        )
+    ).find("Deployment", "default-pd-mixed")
+    assert [
+        _arg(_container(both, f"vllm-{r}"), "--gpu-memory-utilization") for r in ("prefill", "decode")
+    ] == [
+        "0.35",
+        "0.6",
+    ]  # 0.95 in all is allowed, and a decode share exactly at its minimum
     assert prefill["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in decode["resources"]["limits"]  # one device-plugin grant per pod
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in decode["env"]
@@ -208,7 +219,16 @@ def test_mixed_node_renders_no_controller_and_says_why() -> None:
         ({"prefill": 20, "max_prefill": 16}, "--prefill (20) exceeds --max-prefill (16)"),
         ({"decode": 10, "standby_decode": 8, "max_decode": 16}, "--decode + --standby-decode (18) exceeds"),
         ({"slo_ttft_ms": float("nan")}, "--slo-ttft-ms"),
-        ({"prefill_mem_frac": 0.9}, "--prefill-mem-frac"),
+        ({"prefill_mem_frac": 0.9}, "--prefill-mem-frac: 0.9 leaves the decode container"),
+        ({"prefill_mem_frac": 0.65}, "--prefill-mem-frac: 0.65 leaves the decode container"),
+        (
+            {"prefill_mem_frac": 0.5, "decode_mem_frac": 0.5},
+            "--prefill-mem-frac + --decode-mem-frac: 0.5 + 0.5",
+        ),
+        ({"prefill_mem_frac": 0.6, "decode_mem_frac": 0.25}, "--decode-mem-frac: 0.25 is below"),
+        ({"decode_mem_frac": 0.45, "decode_min_mem_frac": 0.5}, "--decode-mem-frac: 0.45 is below"),
+        ({"prefill_mem_frac": 0.0}, "--prefill-mem-frac: must lie in (0, 1)"),
+        ({"decode_mem_frac": float("nan")}, "--decode-mem-frac: must lie in (0, 1)"),
         ({"placement": "mixed-node", "prefill": 1, "decode": 2}, "--placement mixed-node"),
         ({"placement": "everywhere"}, "--placement"),
         ({"model": " "}, "--model"),
@@ -286,3 +306,37 @@ def test_cli_writes_the_files_and_rejects_bad_options(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["--out", str(tmp_path / "x"), "--placement", "mixed-node", "--decode", "2"])
     assert bad.exit_code == 2 and "--prefill (1) and --decode (2) must be equal" in bad.output
     assert not (tmp_path / "x").exists()
+
+
+def test_cli_mixed_node_shares_and_the_refusals_name_the_option(tmp_path: Path) -> None:
+    import typer
+
+    from serving.manifests.cli import manifests_cmd
+
+    app = typer.Typer()
+    app.command()(manifests_cmd)
+    runner = CliRunner()
+    out = tmp_path / "mixed"
+    base = ["--placement", "mixed-node", "--prefill", "2", "--decode", "2"]
+    ok = runner.invoke(
+        app, ["--out", str(out), *base, "--prefill-mem-frac", "0.35", "--decode-mem-frac", "0.6"]
+    )
+    assert ok.exit_code == 0, ok.output
+    pod = next(
+        o
+        for o in yaml.safe_load_all((out / "10-serving.yaml").read_text())
+        if o["metadata"]["name"] == "default-pd-mixed"
+    )
+    assert [_arg(c, "--gpu-memory-utilization") for c in pod["spec"]["template"]["spec"]["containers"]] == [
+        "0.35",
+        "0.6",
+    ]
+    too_much = runner.invoke(app, ["--out", str(tmp_path / "a"), *base, "--decode-mem-frac", "0.6"])
+    assert (
+        too_much.exit_code == 2 and "--prefill-mem-frac + --decode-mem-frac: 0.4 + 0.6 = 1" in too_much.output
+    )
+    starved = runner.invoke(app, ["--out", str(tmp_path / "b"), *base, "--decode-min-mem-frac", "0.55"])
+    assert (
+        starved.exit_code == 2 and "below its guaranteed minimum --decode-min-mem-frac=0.55" in starved.output
+    )
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

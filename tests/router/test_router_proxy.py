@@ -377,3 +377,35 @@ def test_when_the_only_prefill_instance_fails_a_mixed_instance_takes_the_retry()
         assert len(p.bodies) == 1 and d.bodies == []
 
     run(body())
+
+
+def test_context_aware_router_teaches_its_output_length_predictor_from_completions() -> None:
+    """The live router feeds each answer's usage.completion_tokens (with the request's prompt, model and client)
+    to the context-aware policy's predictor, which then predicts from what it learned."""
+    from serving.router.policies import ContextAware, RouteContext
+
+    async def body() -> None:
+        async with (
+            serve_backends(FakeBackend("m0")) as (m,),
+            serve_router(config(m, policy="context-aware")) as (router, url),
+            aiohttp.ClientSession() as s,
+        ):
+            policy = router.policy
+            assert isinstance(policy, ContextAware) and policy.predictor is not None
+            probe = RouteContext(stage="mixed", prompt_tokens=3, model="tiny", client="c1")
+            assert (
+                policy.predicted_output(probe)[0] != policy.predicted_output(probe)[0]
+            )  # NaN: nothing learned
+            for _ in range(4):
+                status, raw, _ = await post(
+                    s,
+                    url,
+                    {"model": "tiny", "prompt": "hello", "max_tokens": 40},
+                    **{"x-pdscale-client": "c1"},
+                )
+                assert status == 200, raw
+            predicted, _threshold = policy.predicted_output(probe)
+            assert predicted == pytest.approx(40.0, rel=0.3)
+            assert policy.predictor.mean_output_tokens == pytest.approx(40.0)
+
+    run(body())

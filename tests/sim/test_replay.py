@@ -147,6 +147,40 @@ def test_cli_replays_a_trace_file_with_the_real_profile(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "unknown replay policy" in bad.output
 
 
+def test_cli_tail_promotion_and_output_prediction_reach_the_simulator(tmp_path: Path) -> None:
+    # 60 long prompts in 2 s on one prefill instance: the queue passes half the 1-s TTFT SLO
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:15:{s // 30:02d}.{(s % 30) * 33000:06d},8000,20" for s in range(60)]
+    path = tmp_path / "burst.csv"
+    path.write_text("\n".join(rows) + "\n")
+    app = typer.Typer()
+    app.command()(replay_cmd)
+    runs = {}
+    for name, extra in {"off": [], "on": ["--tail-fraction", "0.5", "--predict-output"]}.items():
+        out = tmp_path / f"{name}.json"
+        args = [
+            "--trace",
+            str(path),
+            "--policy",
+            "fixed",
+            "--prefill",
+            "1",
+            "--decode",
+            "1",
+            "--standby",
+            "1",
+        ]
+        result = CliRunner().invoke(app, [*args, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        runs[name] = json.loads(out.read_text())
+    assert runs["off"]["pools"]["default"].get("tail_promotions", 0) == 0
+    on = runs["on"]["pools"]["default"]
+    assert on["tail_promotions"] > 0 and on["standby_promotions"] >= 1
+    assert runs["on"]["completed"] == runs["off"]["completed"] == 60
+    fleet_clash = CliRunner().invoke(app, ["--fleet", str(path), "--tail-fraction", "0.5"])
+    assert fleet_clash.exit_code != 0 and "--tail-fraction" in fleet_clash.output
+
+
 def test_a_decode_starved_pd_fleet_shows_in_ttft_not_itl() -> None:
     # 4 decode slots per instance, ~110 steps of ~11 ms per request: one decode instance serves ~3.6 req/s
     models = analytic_models(

@@ -194,9 +194,3 @@ def test_cli_rejects_half_fixed_lengths_and_bad_split() -> None:
     assert r.exit_code == 2 and "--osl" in r.output
     r = runner.invoke(bench_app, ["seed-table", "--gpus", "4", "--prefill", "4", "--isl", "1", "--osl", "1"])
     assert r.exit_code == 2 and "prefill" in r.output
-
-
-def test_bench_without_subcommand_says_not_implemented() -> None:
-    r = CliRunner().invoke(bench_app, [])
-    assert r.exit_code != 0
-    assert "not implemented yet" in r.output and "issue 7" in r.output
