@@ -13,21 +13,26 @@ The fleet (replayed through the simulator, ``serving.sim.fleet_file.replay_fleet
 Both cut to ``--duration-s`` (1000). The budget is a fraction (``--budgets``) of the two pools' summed peak
 demand (the capacity model on each trace's busiest 60 s, as the static split uses). For each budget and
 policy: ``shared`` (one policy decides both pools every tick with the whole budget; when it binds, the pool at
-the highest SLO risk gets the GPUs, each pool's static share guaranteed to it), ``shared-risk-only`` (the same
-without guarantees: SLO risk alone decides) and ``static`` (the budget split by peak demand, each pool replayed
-alone in its share). The goal: both pools meet their SLO (attainment >= ``--slo-target``) under ``shared`` at lower
+the highest SLO risk gets the GPUs, each pool's static share guaranteed to it, and the fleet reserve step:
+``controller.pipeline.FleetBudget``), ``shared-no-reserve`` (the same without the reserve step),
+``shared-risk-only`` (neither guarantees nor reserve: SLO risk alone decides), ``static`` (the issue's
+baseline: the budget split by peak demand, each pool's controller replayed alone in its share) and
+``static-reserve`` (a control: each pool's controller alone with the reserve step, to show what the step saves
+without sharing). Pools start at their trace's static-peak counts (``--cold-start``: at 1 + 1). The goal: both pools meet their SLO (attainment >= ``--slo-target``) under ``shared`` at lower
 total GPU-seconds than under ``static``.
 
 The predictive policy runs the Holt forecaster (``--forecaster holt``, as bench_policies.py, so rows compare
 policy logic); ``--forecaster default`` loads the shipped checkpoint. Figures are deterministic (seeded traces,
 virtual clock); only the wall seconds depend on the machine.
 
-Run: .venv/bin/python bench/bench_fleet.py [--budgets 1.0,0.75] [--policies predictive,reactive] [--json OUT]
+Run: .venv/bin/python bench/bench_fleet.py [--chat mmpp] [--budgets 1.0,1.5,2.0] [--policies predictive,reactive]
+[--splits static,shared] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -37,12 +42,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import controller.replay_policies  # noqa: F401  (registers reactive, predictive, oracle, dynamo-like)
 from controller.config import PolicyConfig
-from controller.replay_policies import GPU_SHARES, POOL_PARAMS, PredictivePolicy, _gpu_shares, _pool_configs
+from controller.replay_policies import (
+    FLEET_KEYS,
+    PredictivePolicy,
+    _gpu_shares,
+    _pool_configs,
+    fleet_reserve,
+)
 from forecaster.baselines import Holt
 from forecaster.types import Forecaster
 from serving.sim.fleet import FleetSpec, PoolSpec, RoleCounts
 from serving.sim.fleet_file import FleetReplay, peak_demand_gpus, replay_fleet
-from serving.sim.replay import PolicyOptions, ReplayPolicy
+from serving.sim.replay import PolicyOptions, ReplayPolicy, static_peak_counts
 from serving.workload.readers import read_trace
 from serving.workload.synthetic import LengthDist, SyntheticParams, generate
 from serving.workload.trace import Trace
@@ -81,6 +92,17 @@ def longdoc_trace(kind: str, duration_s: float) -> Trace:
     return generate(params, seed=7)
 
 
+def warm_start(pool: PoolSpec, trace: Trace) -> PoolSpec:
+    """``pool`` starting at its trace's static-peak counts, as a fleet that has been running would (both
+    splits start so; a cold start at 1 + 1 makes the first burst a loss no controller can avoid)."""
+    counts = static_peak_counts(pool, trace)
+    return dataclasses.replace(
+        pool,
+        prefill=dataclasses.replace(pool.prefill, initial=counts["prefill"]),
+        decode=dataclasses.replace(pool.decode, initial=counts["decode"]),
+    )
+
+
 def fleet_pools(longdoc: str) -> tuple[PoolSpec, PoolSpec]:
     chat = PoolSpec(
         name="chat", profile="llama3-8b/a100", slo_ttft_ms=1000.0, slo_itl_ms=50.0,
@@ -93,14 +115,28 @@ def fleet_pools(longdoc: str) -> tuple[PoolSpec, PoolSpec]:
     return chat, doc
 
 
+# split label -> (replay_fleet's split, guarantee each pool its static share, fleet reserve step)
+SPLITS: dict[str, tuple[str, bool, bool]] = {
+    "static": ("static", True, False),  # the issue's baseline: independent controllers, budget split by peak
+    "shared": ("shared", True, True),  # one controller: SLO floors held, reserves pooled, shares guaranteed
+    "shared-no-reserve": ("shared", True, False),  # one controller, budget by SLO risk only when it binds
+    "shared-risk-only": ("shared", False, False),  # the same without guaranteed shares
+    "static-reserve": ("static", True, True),  # control: each pool's controller alone with the reserve step
+}
+
+
 def predictive_holt(options: PolicyOptions) -> ReplayPolicy:
-    base = PolicyConfig(**{k: v for k, v in options.params.items() if k not in (POOL_PARAMS, GPU_SHARES)})
+    base = PolicyConfig(**{k: v for k, v in options.params.items() if k not in FLEET_KEYS})
 
     def holt() -> Forecaster:
         return Holt()
 
     return PredictivePolicy(
-        base, forecaster=holt, pool_configs=_pool_configs(options, base), gpu_shares=_gpu_shares(options)
+        base,
+        forecaster=holt,
+        pool_configs=_pool_configs(options, base),
+        gpu_shares=_gpu_shares(options),
+        reserve=fleet_reserve(options),
     )
 
 
@@ -125,7 +161,11 @@ def main() -> None:
     ap.add_argument("--duration-s", type=float, default=1000.0)
     ap.add_argument("--budgets", default="1.0,0.75", help="fractions of the summed peak demand in GPUs")
     ap.add_argument("--policies", default="predictive,reactive")
+    ap.add_argument(
+        "--splits", default="static,shared,shared-no-reserve,static-reserve", help=", ".join(SPLITS)
+    )
     ap.add_argument("--forecaster", choices=("holt", "default"), default="holt")
+    ap.add_argument("--cold-start", action="store_true", help="pools start at 1 + 1, not their static peak")
     ap.add_argument("--slo-target", type=float, default=0.99, help="a pool meets its SLO at this attainment")
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     args = ap.parse_args()
@@ -135,8 +175,13 @@ def main() -> None:
         "chat": chat_trace(args.chat, args.duration_s),
         "longdoc": longdoc_trace(args.longdoc, args.duration_s),
     }
+    if not args.cold_start:
+        chat, doc = warm_start(chat, traces["chat"]), warm_start(doc, traces["longdoc"])
     peaks = {p.name: peak_demand_gpus(p, traces[p.name]) for p in (chat, doc)}
     label = f"{args.chat}+{args.longdoc}"
+    print(
+        f"initial counts: chat {chat.prefill.initial}+{chat.decode.initial}, longdoc {doc.prefill.initial}+{doc.decode.initial}"
+    )
     print(
         f"peak demand GPUs: {peaks}; requests: chat {len(traces['chat'])}, longdoc {len(traces['longdoc'])}"
     )
@@ -151,9 +196,13 @@ def main() -> None:
         fleet = FleetSpec(pools=(chat, doc), gpu_budget=budget)
         for policy in args.policies.split(","):
             chosen: Any = predictive_holt if policy == "predictive" and args.forecaster == "holt" else policy
-            for split in ("static", "shared", "shared-risk-only"):
-                mode = "shared" if split.startswith("shared") else split
-                result = replay_fleet(fleet, traces, chosen, split=mode, guarantee_shares=split == "shared")
+            for split in args.splits.split(","):
+                if split not in SPLITS:
+                    raise SystemExit(f"--splits: unknown split {split!r} (known: {', '.join(SPLITS)})")
+                mode, guarantee, reserve = SPLITS[split]
+                result = replay_fleet(
+                    fleet, traces, chosen, split=mode, guarantee_shares=guarantee, reserve=reserve
+                )
                 r = row(label, budget, policy, result, args.slo_target)
                 r["split"] = split
                 rows.append(r)

@@ -21,6 +21,9 @@ until the learned checkpoint lands) so before/after rows compare policy logic, n
 ``--forecaster default`` for whatever ``controller.forecasting`` loads. ``--params k=v,...`` overrides
 ``PolicyConfig`` fields of the predictive policy (e.g. ``--params standby_decode=2,buffer_multiplier=2``).
 
+``--decompose`` prints, after each predictive row, its GPU-seconds stage by stage and role by role (read back
+from the plans' reasons) beside the oracle's, and the measured decode concurrency against Little's law.
+
 The figures are deterministic (seeded traces, virtual clock); only the wall seconds depend on the machine.
 
 Run: .venv/bin/python bench/bench_policies.py [--workloads code,conv,sine,mmpp] [--policies ...]
@@ -29,6 +32,8 @@ Run: .venv/bin/python bench/bench_policies.py [--workloads code,conv,sine,mmpp] 
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 import time
 from dataclasses import replace
@@ -36,15 +41,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import controller.replay_policies  # noqa: F401  (registers reactive, predictive, oracle, dynamo-like)
 from controller.config import PolicyConfig
-from controller.replay_policies import PredictivePolicy
+from controller.policy import ScalingPlan
+from controller.replay_policies import PredictivePolicy, oracle_needs
 from forecaster.baselines import Holt
 from forecaster.types import Forecaster
 from serving.sim.fleet import FleetSpec, single_pool
+from serving.sim.hardware import get_profile
 from serving.sim.replay import PolicyOptions, ReplayPolicy, make_policy, replay
 from serving.sim.report import ReplayReport
 from serving.workload.readers import read_trace
@@ -193,6 +201,104 @@ def decide_cost(ticks: int = 600) -> None:
     )
 
 
+_NEED = re.compile(
+    r"need: prefill ([\d.]+), decode ([\d.]+) instances \(concurrency \d+: running (\d+), Little (\S+)\)"
+)
+_TREND = re.compile(r"load × ([\d.]+) by the time")
+_HEADROOM = re.compile(r"headroom \d+%: prefill (\d+), decode (\d+)")
+_BUFFER = re.compile(r"buffer: \d+ seqs reserved → decode (\d+)")
+_RESERVE = re.compile(r"burst reserve .*→ (\d+), decode .*→ (\d+)$")
+_PROMOTED = re.compile(r"standby promoted .*: \+(\d+) prefill, \+(\d+) decode")
+_RATIO = re.compile(r"^P:D ratio .*: (prefill|decode) \d+ → (\d+)")
+STAGES = (
+    "capacity",
+    "trend",
+    "headroom",
+    "buffer",
+    "burst reserve",
+    "alert",
+    "P:D ratio",
+    "hysteresis",
+    "standby",
+)
+
+
+def decompose(decisions: list[tuple[float, ScalingPlan]], gpus: int) -> dict[str, Any]:
+    """GPU-seconds per stage and role, read back from each plan's reasons: what each stage added to the
+    target over the previous one (capacity = ceil(need), hysteresis = final − wanted, standby = warm
+    standby held), each tick weighted by the time to the next decision. Also the measured decode
+    concurrency against Little's law (arrival rate × mean output / per-sequence rate), time-weighted."""
+    added = {(st, r): 0.0 for st in STAGES for r in ("prefill", "decode")}
+    running_s = little_s = 0.0
+    for k, (t, plan) in enumerate(decisions):
+        dt = (decisions[k + 1][0] - t) if k + 1 < len(decisions) else 1.0
+        cur = [0, 0]
+        for why in plan.reasons:
+            if m := _NEED.search(why):
+                cur = [math.ceil(float(m[1]) - 1e-9), math.ceil(float(m[2]) - 1e-9)]
+                need = [float(m[1]), float(m[2])]
+                if m[4] != "nan":
+                    running_s += float(m[3]) * dt
+                    little_s += float(m[4]) * dt
+                for i, r in enumerate(("prefill", "decode")):
+                    added["capacity", r] += cur[i] * gpus * dt
+                continue
+            steps: list[tuple[str, list[int]]] = []
+            if m := _TREND.search(why):
+                f = float(m[1])
+                steps.append(("trend", [math.ceil(need[0] * f - 1e-9), math.ceil(need[1] * f - 1e-9)]))
+            elif m := _HEADROOM.search(why):
+                steps.append(("headroom", [int(m[1]), int(m[2])]))
+            elif m := _BUFFER.search(why):
+                steps.append(("buffer", [cur[0], int(m[1])]))
+            elif m := _RESERVE.search(why):
+                steps.append(("burst reserve", [max(cur[0], int(m[1])), max(cur[1], int(m[2]))]))
+            elif m := _PROMOTED.search(why):
+                steps.append(("alert", [cur[0] + int(m[1]), cur[1] + int(m[2])]))
+            elif m := _RATIO.search(why):
+                i = 0 if m[1] == "prefill" else 1
+                steps.append(("P:D ratio", [int(m[2]) if j == i else cur[j] for j in (0, 1)]))
+            for stage, new in steps:
+                for i, r in enumerate(("prefill", "decode")):
+                    added[stage, r] += (new[i] - cur[i]) * gpus * dt
+                cur = new
+        final = [plan.prefill, plan.decode]
+        for i, r in enumerate(("prefill", "decode")):
+            added["hysteresis", r] += (final[i] - cur[i]) * gpus * dt
+            added["standby", r] += plan.standby(r) * gpus * dt
+    return {"added": added, "running_over_little": running_s / little_s if little_s > 0 else math.nan}
+
+
+def oracle_by_role(trace: Trace, fleet: FleetSpec) -> tuple[float, float]:
+    """The oracle's instance-seconds per role (prefill, decode): its per-second need held over one cold
+    start ahead, floored at 1, as OraclePolicy sets it (GPUs per instance not applied)."""
+    pool = fleet.pools[0]
+    lead = int(get_profile(pool.profile).cold_start_s)
+    out = []
+    for need in oracle_needs(pool, trace, 5.0):
+        padded = np.concatenate([need, np.full(lead + 1, -np.inf)])
+        held = sliding_window_view(padded, lead + 1)[: len(need)].max(axis=1)
+        out.append(float(np.maximum(held, 1.0).sum()))
+    return out[0], out[1]
+
+
+def print_decomposition(wl: str, trace: Trace, fleet: FleetSpec, policy: ReplayPolicy) -> None:
+    """Where the predictive policy's GPU-seconds go, stage by stage and role by role, against the oracle."""
+    assert isinstance(policy, PredictivePolicy)
+    gpus = get_profile(fleet.pools[0].profile).gpus
+    d = decompose(policy.decisions, gpus)
+    o_p, o_d = oracle_by_role(trace, fleet)
+    print(f"\n{wl}: GPU-s added per stage (predictive plan, read from its reasons)")
+    print("| stage | prefill | decode |")
+    print("|---|---|---|")
+    for st in STAGES:
+        print(f"| {st} | {d['added'][st, 'prefill']:,.0f} | {d['added'][st, 'decode']:,.0f} |")
+    tot = [sum(d["added"][st, r] for st in STAGES) for r in ("prefill", "decode")]
+    print(f"| **total planned** | {tot[0]:,.0f} | {tot[1]:,.0f} |")
+    print(f"| oracle (need held one cold start) | {o_p * gpus:,.0f} | {o_d * gpus:,.0f} |")
+    print(f"measured decode running / Little's law (time-weighted): {d['running_over_little']:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="code,conv,sine,mmpp")
@@ -206,6 +312,9 @@ def main() -> None:
         "--warmup-s", type=float, default=600.0, help="the 'SLO after' column counts arrivals from here on"
     )
     ap.add_argument("--decide-cost", action="store_true", help="only time decide() with an hour of state")
+    ap.add_argument(
+        "--decompose", action="store_true", help="after each predictive row, its GPU-s stage by stage"
+    )
     args = ap.parse_args()
     if args.decide_cost:
         decide_cost()
@@ -221,7 +330,8 @@ def main() -> None:
         results: dict[str, ReplayReport] = {}
         for pol in args.policies.split(","):
             t0 = time.perf_counter()
-            results[pol] = rep = run(wl, trace, fleet, make(pol, args.forecaster, params))
+            policy = make(pol, args.forecaster, params)
+            results[pol] = rep = run(wl, trace, fleet, policy)
             wall = time.perf_counter() - t0
             floor = results.get("oracle")
             static = results.get("static-peak")
@@ -233,6 +343,8 @@ def main() -> None:
                 f"{r_s} | {rep.ttft_ms['p99']:,.0f} | {rep.itl_ms['p99']:,.1f} | {wall:.0f} |",
                 flush=True,
             )
+            if args.decompose and pol == "predictive":
+                print_decomposition(wl, trace, fleet, policy)
 
 
 if __name__ == "__main__":

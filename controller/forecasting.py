@@ -1,7 +1,8 @@
-"""Which forecaster the controller runs: the shipped (or configured) checkpoint, else a baseline.
+"""Which forecaster the controller runs: the shipped (or configured) checkpoint, else a baseline, and
+optionally the training-free onset detector on top (``with_onset_detector``).
 
 torch is imported only here, and only when a checkpoint is actually loaded: the reactive fallback and
-every other policy start without it.
+every other policy start without it (the onset detector needs neither torch nor statsmodels).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 import forecaster
 from forecaster.baselines import Holt
+from forecaster.burst import OnsetBoostedForecaster, OnsetDetectorConfig
 from forecaster.types import CHANNELS, ForecastBatch, Forecaster
 
 log = logging.getLogger(__name__)
@@ -22,9 +24,28 @@ log = logging.getLogger(__name__)
 DEFAULT_CHECKPOINT = Path(forecaster.__file__).parent / "checkpoints" / "default.safetensors"
 
 
-def load_default_forecaster(path: Path | None = None) -> Forecaster:
+def with_onset_detector(forecaster: Forecaster, config: OnsetDetectorConfig | None = None) -> Forecaster:
+    """``forecaster`` with its ``burst_prob`` raised to the onset detector's score (``OnsetBoostedForecaster``;
+    name ``<inner>+onset``). Already wrapped: returned as it is (one detector, not two). The detector reads
+    the ``arrival_rps`` channel once per ``step`` as that second's arrivals, so it is meant for 1-s steps.
+
+    Example: ``fc = with_onset_detector(load_default_forecaster())``
+    """
+    if isinstance(forecaster, OnsetBoostedForecaster):
+        return forecaster
+    return OnsetBoostedForecaster(forecaster, config)
+
+
+def load_default_forecaster(path: Path | None = None, *, burst_detector: bool = False) -> Forecaster:
     """Load ``path`` (default: the shipped checkpoint). A missing, corrupt or mismatched checkpoint falls
-    back to the Holt baseline, logged with the reason — the controller keeps running either way."""
+    back to the Holt baseline, logged with the reason — the controller keeps running either way.
+    ``burst_detector``: wrap whatever was loaded (the baseline too) with ``with_onset_detector``; off by
+    default so the replay policies keep what they measure (the live daemon turns it on from its config)."""
+    loaded = _load(path)
+    return with_onset_detector(loaded) if burst_detector else loaded
+
+
+def _load(path: Path | None) -> Forecaster:
     ckpt = path or DEFAULT_CHECKPOINT
     if not ckpt.exists():
         log.warning("forecaster checkpoint %s not found: falling back to the Holt baseline", ckpt)

@@ -32,7 +32,13 @@ from controller.policy import (
     decide,
     stages,
 )
-from controller.policy.decide import allocate_budget
+from controller.policy.decide import (
+    RiskTable,
+    allocate_budget,
+    prefill_floor,
+    queue_risk,
+    slo_risk,
+)
 from controller.policy.types import ROLES, RoleHistory
 from controller.sources.aggregate import LoadAggregator, PoolLoad
 from forecaster.types import ForecastBatch, Forecaster
@@ -89,18 +95,60 @@ class PoolCounts:
     pending: float = 0.0
 
 
+BURST_WINDOW_SLOS = 5.0  # the burst rate is smoothed over this many TTFT SLOs (at least MIN_BURST_HALFLIFE_S)
+MIN_BURST_HALFLIFE_S = 5.0
+
+
+def burst_halflife_s(slo_ttft_ms: float) -> float:
+    """Half-life of a pool's burst rate: a few TTFT SLOs, the span over which a queue of excess arrivals
+    must clear (1-s SLO: 5 s, so a chat burst shows in seconds; 8-s SLO: 40 s, so one 8k-token prompt in
+    a second of a 0.3 req/s pool does not read as a 1 req/s burst)."""
+    return max(MIN_BURST_HALFLIFE_S, BURST_WINDOW_SLOS * slo_ttft_ms / 1000.0)
+
+
+@dataclass
+class RateTracker:
+    """Arrivals/s smoothed with ``halflife_s`` over every tick with a known rate (idle seconds count as 0).
+
+    Bias-corrected (the weight given so far divides the average), and unknown (NaN) until one half-life has
+    been seen: one 8k-token request in a 0.3 req/s pool's first second is not a 1 req/s rate.
+    """
+
+    halflife_s: float
+    total: float = 0.0
+    weight: float = 0.0
+
+    @property
+    def rps(self) -> float:
+        return self.total / self.weight if self.weight >= 0.5 else math.nan
+
+    def update(self, arrival_rps: float, dt_s: float) -> None:
+        if not (math.isfinite(arrival_rps) and arrival_rps >= 0):
+            return
+        a = 1.0 - 0.5 ** (dt_s / self.halflife_s)
+        self.total += a * (arrival_rps - self.total)
+        self.weight += a * (1.0 - self.weight)
+
+
 @dataclass
 class LengthTracker:
     """Smoothed mean prompt and output lengths of one pool (output ≈ generation tokens per arrival)."""
 
     prompt_ewma: float = math.nan
     output_ewma: float = math.nan
-    arrivals_ewma: float = math.nan
+    arrivals_ewma: float = math.nan  # over ticks with arrivals only: the per-arrival denominator, not a rate
+    rate: RateTracker = field(default_factory=lambda: RateTracker(LENGTH_HALFLIFE_S))  # idle seconds included
+
+    @property
+    def rate_ewma(self) -> float:
+        """Arrivals/s over about a minute, idle seconds included (NaN until known)."""
+        return self.rate.rps
 
     def update(self, load: PoolLoad, dt_s: float) -> None:
+        a = 1.0 - 0.5 ** (dt_s / LENGTH_HALFLIFE_S)
+        self.rate.update(load.arrival_rps, dt_s)
         if not (math.isfinite(load.arrival_rps) and load.arrival_rps > 0):
             return
-        a = 1.0 - 0.5 ** (dt_s / LENGTH_HALFLIFE_S)
 
         def ewma(old: float, new: float) -> float:
             if not math.isfinite(new):
@@ -204,6 +252,7 @@ class _Track:
     state: PoolState = field(default_factory=PoolState)
     previous_state: PoolState = field(default_factory=PoolState)
     instances: frozenset[str] = frozenset()
+    burst: RateTracker = field(default_factory=lambda: RateTracker(MIN_BURST_HALFLIFE_S))
 
 
 class Pipeline:
@@ -213,7 +262,8 @@ class Pipeline:
     ``epoch_offset_s`` is added to ``now_s`` for the forecaster's time features (0 when ``now_s`` is
     already Unix time). ``guard_vanished``: mark a pool incomplete for a tick when instances vanish from
     the scrape. ``gpu_budget``: GPUs shared by all pools (None = unbounded); ``gpu_shares``: pool -> GPUs of
-    the budget guaranteed to it (others borrow them only while it does not plan to use them).
+    the budget guaranteed to it (others borrow them only while it does not plan to use them); ``reserve``:
+    the fleet reserve step before the budget (``ReserveSettings``, ``FleetBudget``; None = off).
     """
 
     def __init__(
@@ -223,6 +273,7 @@ class Pipeline:
         *,
         gpu_budget: int | None = None,
         gpu_shares: Mapping[str, int] | None = None,
+        reserve: ReserveSettings | None = None,
         epoch_offset_s: float = 0.0,
         guard_vanished: bool = True,
     ) -> None:
@@ -233,10 +284,18 @@ class Pipeline:
             raise ValueError(f"Pipeline: pool names must be unique, got {names}")
         if gpu_budget is not None and gpu_budget < 1:
             raise ValueError(f"Pipeline.gpu_budget must be >= 1 or None, got {gpu_budget}")
-        self.tracks = {p.name: _Track(p, CapacityCache(p.spec)) for p in pools}
+        self.tracks = {
+            p.name: _Track(p, CapacityCache(p.spec), burst=RateTracker(burst_halflife_s(p.spec.slo_ttft_ms)))
+            for p in pools
+        }
         self.forecaster = forecaster
         self.gpu_budget = gpu_budget
         self.gpu_shares = dict(gpu_shares or {})
+        self.budget = (
+            FleetBudget(gpu_budget, guarantees=self.gpu_shares, reserve=reserve)
+            if gpu_budget is not None
+            else None
+        )
         self.epoch_offset_s = epoch_offset_s
         self.guard_vanished = guard_vanished
         self.aggregator = LoadAggregator()
@@ -273,6 +332,7 @@ class Pipeline:
         loads = self.aggregator.update(samples, self.pools)
         for name, load in loads.items():
             self.tracks[name].lengths.update(load, dt)
+            self.tracks[name].burst.update(load.arrival_rps, dt)
         forecasts, error = self._forecast(loads, now_s)
         decisions = {}
         for name, track in self.tracks.items():
@@ -297,8 +357,8 @@ class Pipeline:
             reasons = plan.reasons if plan is not None else tuple(notes)
             gone = tuple(sorted(vanished.get(name, ())))
             decisions[name] = PoolDecision(name, plan, obs, loads[name], forecasts[name], reasons, gone)
-        if self.gpu_budget is not None:
-            decisions = self._budget(decisions, counts)
+        if self.budget is not None:
+            decisions = self._budget(decisions, counts, now_s)
         return TickResult(now_s, decisions, self.forecaster.name, error)
 
     # -- steps -----------------------------------------------------------------------------------
@@ -370,10 +430,10 @@ class Pipeline:
         )
 
     def _budget(
-        self, decisions: dict[str, PoolDecision], counts: Mapping[str, PoolCounts]
+        self, decisions: dict[str, PoolDecision], counts: Mapping[str, PoolCounts], now_s: float
     ) -> dict[str, PoolDecision]:
         """Fit the plans into what the budget leaves after the pools held at their current scale."""
-        assert self.gpu_budget is not None
+        assert self.budget is not None
         inputs = {}
         for name, d in decisions.items():
             track = self.tracks[name]
@@ -385,10 +445,11 @@ class Pipeline:
                 slo_ttft_ms=track.setup.spec.slo_ttft_ms,
                 counts=counts[name],
                 floor=(cfg.min_prefill, cfg.min_decode),
-                smoothed_rps=track.lengths.arrivals_ewma,
+                smoothed_rps=track.lengths.rate_ewma,
+                burst_rps=track.burst.rps,
             )
         out = dict(decisions)
-        for name, plan in fit_budget(self.gpu_budget, inputs, guarantees=self.gpu_shares).items():
+        for name, plan in self.budget.fit(now_s, inputs).items():
             if plan is not None and plan is not decisions[name].plan:
                 out[name] = replace(decisions[name], plan=plan, reasons=plan.reasons)
         return out
@@ -406,6 +467,7 @@ class BudgetInput:
     counts: PoolCounts
     floor: tuple[int, int] = (0, 0)  # (prefill, decode)
     smoothed_rps: float = math.nan  # the pool's arrival rate over about a minute (NaN = unknown)
+    burst_rps: float = math.nan  # the rate over a few TTFT SLOs (``burst_halflife_s``; NaN = unknown)
 
     def risk_observation(self) -> PoolObservation:
         """What the SLO risk is computed from: the observation with its load replaced by the smoothed
@@ -432,7 +494,11 @@ class BudgetInput:
 
 
 def fit_budget(
-    budget_gpus: int, pools: Mapping[str, BudgetInput], *, guarantees: Mapping[str, int] | None = None
+    budget_gpus: int,
+    pools: Mapping[str, BudgetInput],
+    *,
+    guarantees: Mapping[str, int] | None = None,
+    risk_tables: Mapping[str, RiskTable] | None = None,
 ) -> dict[str, ScalingPlan | None]:
     """All pools' plans of one tick fitted into ``budget_gpus`` by SLO risk (``allocate_budget``).
 
@@ -440,7 +506,8 @@ def fit_budget(
     Each planned pool's need (the SLO-risk numerator) is stage 1's instances for the SLO *now* on the load of
     ``BudgetInput.risk_observation`` (the smoothed rate when known, else the p90 forecast or measured load),
     plus the queue cleared within the TTFT SLO (no provisioning lead). ``guarantees``: pool -> GPUs no other
-    pool may borrow (see ``allocate_budget``). Plans that fit are returned unchanged (the same objects).
+    pool may borrow (see ``allocate_budget``); ``risk_tables``: pool -> risks by count instead of need / count
+    (``risk_table``). Plans that fit are returned unchanged (the same objects).
     """
     held_gpus = 0
     plans: list[ScalingPlan] = []
@@ -462,6 +529,220 @@ def fit_budget(
         need = stages.capacity_target(b.risk_observation(), b.capacity, b.slo_ttft_ms / 1000.0)
         needs[plan.pool] = (need.prefill, need.decode) if need is not None else (0.0, 0.0)
     floors = {name: b.floor for name, b in pools.items()}
-    for plan in allocate_budget(plans, needs, gpus, left, floors=floors, guarantees=guarantees):
+    chosen = allocate_budget(
+        plans, needs, gpus, left, floors=floors, guarantees=guarantees, risk_tables=risk_tables
+    )
+    for plan in chosen:
         out[plan.pool] = plan
     return out
+
+
+@dataclass(frozen=True)
+class ReserveSettings:
+    """The fleet reserve step of a shared budget (``FleetBudget``): each pool is held at the highest SLO
+    floor it needed over the last ``hold_s`` (its queueing floor: the fewest prefill instances whose TTFT
+    ``quantile`` meets the SLO, ``queue_risk``, and the decode instances its load needs), and what plans ask
+    beyond those floors is pooled into one fleet reserve of ``reserve_gpus`` (None: the largest instance of
+    any pool), kept by the pools at the highest SLO risk.
+
+    Why: a pool alone must keep its own headroom, standby and burst reserve within its share; under one
+    budget the pools' bursts are not simultaneous, so their reserves need not add up. And capacity released
+    in a lull comes back only after a cold start (``hold_s`` >= the profiles' ``cold_start_s``), which is
+    longer than a chat burst: a bursty pool keeps the floor its last burst needed.
+
+    ``service_scv`` = 1 (M/M/c): the synthetic long-context trace (lognormal sigma 0.3) would allow less, but
+    the real traces' prompts are heavy-tailed (Azure code, Mooncake); with 0.5 the trim starved the chat pool on
+    Azure code (bench/bench_fleet.py, docs/BENCHMARKS.md).
+    """
+
+    hold_s: float = (
+        300.0  # > the 120-s cold start of the a100 profiles: a lull shorter than this keeps capacity
+    )
+    reserve_gpus: int | None = None
+    quantile: float = 0.99  # the TTFT quantile held within the SLO: a pool "meets" its SLO at 99 %
+    service_scv: float = 1.0  # prefill time's squared coefficient of variation; 1 = exponential (see below)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.hold_s) and self.hold_s >= 0):
+            raise ValueError(f"ReserveSettings.hold_s must be a finite number >= 0, got {self.hold_s!r}")
+        if self.reserve_gpus is not None and self.reserve_gpus < 0:
+            raise ValueError(f"ReserveSettings.reserve_gpus must be >= 0 or None, got {self.reserve_gpus!r}")
+        if not 0.0 < self.quantile < 1.0:
+            raise ValueError(f"ReserveSettings.quantile must be in (0, 1), got {self.quantile!r}")
+        if not (math.isfinite(self.service_scv) and self.service_scv >= 0):
+            raise ValueError(f"ReserveSettings.service_scv must be >= 0, got {self.service_scv!r}")
+
+
+def slo_floor(b: BudgetInput, settings: ReserveSettings) -> tuple[int, int]:
+    """(prefill, decode) instances the pool needs for its SLO at its current rate: prefill by the queueing
+    model (``prefill_floor`` on the burst rate, ``BudgetInput.burst_rps``, else the smoothed one, and the
+    smoothed mean prompt); decode by stage 1's need on ``risk_observation``. Never below the pool's minimums.
+
+    The floor sizes for the rate, not for a backlog: a queue is cleared by the warm instances (the policy and
+    the budget's risk see it), while instances started for it serve only after a cold start, when a chat
+    burst is over; holding those for ``hold_s`` would pay for a burst that is gone.
+    """
+    o = b.risk_observation()
+    need = stages.capacity_target(replace(o, waiting_requests=0.0), b.capacity, b.slo_ttft_ms / 1000.0)
+    need_d = need.decode if need is not None else 0.0
+    rate = b.burst_rps if math.isfinite(b.burst_rps) else b.smoothed_rps  # never a one-second reading
+    queue_p = prefill_floor(
+        rate,
+        _service_s(o, b.capacity),
+        b.slo_ttft_ms / 1000.0,
+        quantile=settings.quantile,
+        service_scv=settings.service_scv,
+    )
+    return max(queue_p, b.floor[0]), max(math.ceil(need_d - 1e-9), b.floor[1])
+
+
+def _service_s(o: PoolObservation, cap: PoolCapacity) -> float:
+    """One mean prompt's prefill time on one instance (NaN when the mean prompt is unknown)."""
+    return o.mean_prompt_tokens / cap.prefill_tps if math.isfinite(o.mean_prompt_tokens) else math.nan
+
+
+def risk_table(b: BudgetInput, settings: ReserveSettings, up_to: int) -> RiskTable:
+    """The pool's SLO risk with 0..``up_to`` instances per role: prefill by its queueing delay against the
+    TTFT SLO (``queue_risk``), decode by need / count (``slo_risk``)."""
+    o = b.risk_observation()
+    service_s, slo_s = _service_s(o, b.capacity), b.slo_ttft_ms / 1000.0
+    need = stages.capacity_target(o, b.capacity, slo_s)
+    need_p, need_d = (need.prefill, need.decode) if need is not None else (0.0, 0.0)
+    known = math.isfinite(o.arrival_rps) and math.isfinite(service_s)
+    counts = range(up_to + 1)
+    if known:
+        q, scv = settings.quantile, settings.service_scv
+        prefill = [
+            max(
+                queue_risk(c, o.arrival_rps, service_s, slo_s, quantile=q, service_scv=scv),
+                slo_risk(c, need_p),
+            )
+            for c in counts
+        ]
+    else:
+        prefill = [slo_risk(c, need_p) for c in counts]
+    return prefill, [slo_risk(c, need_d) for c in counts]
+
+
+class FleetBudget:
+    """The budget step of one controller over several pools, with its memory (see ``ReserveSettings``).
+
+    ``fit(now_s, inputs)``: with ``reserve`` set, each planned pool is first raised to its held SLO floor
+    and trimmed to those floors plus the fleet reserve (cuts by SLO risk, lowest first); then the hard
+    budget (``fit_budget``: ``gpu_budget``, ``guarantees``) as without it. Without ``reserve`` it is
+    ``fit_budget`` alone. Plans, reasons and cuts as ``allocate_budget`` writes them.
+    """
+
+    def __init__(
+        self,
+        gpu_budget: int,
+        *,
+        guarantees: Mapping[str, int] | None = None,
+        reserve: ReserveSettings | None = None,
+    ) -> None:
+        if gpu_budget < 1:
+            raise ValueError(f"FleetBudget.gpu_budget must be >= 1, got {gpu_budget}")
+        self.gpu_budget = gpu_budget
+        self.guarantees = dict(guarantees or {})
+        self.reserve = reserve
+        # pool -> the SLO floors of the last hold_s: (t_s, prefill, decode)
+        self.floors: dict[str, tuple[tuple[float, int, int], ...]] = {}
+
+    def held_floor(self, pool: str, now_s: float, floor: tuple[int, int]) -> tuple[int, int]:
+        """Record ``floor`` at ``now_s`` and return the highest floor per role over the last ``hold_s``."""
+        assert self.reserve is not None
+        keep = [e for e in self.floors.get(pool, ()) if e[0] >= now_s - self.reserve.hold_s]
+        keep.append((now_s, floor[0], floor[1]))
+        self.floors[pool] = tuple(keep)
+        return max(e[1] for e in keep), max(e[2] for e in keep)
+
+    def fit(self, now_s: float, pools: Mapping[str, BudgetInput]) -> dict[str, ScalingPlan | None]:
+        if self.reserve is None:
+            return fit_budget(self.gpu_budget, pools, guarantees=self.guarantees)
+        settings = self.reserve
+        planned = {n: b for n, b in pools.items() if b.plan is not None}
+        raised: dict[str, BudgetInput] = dict(pools)
+        held: dict[str, tuple[int, int]] = {}
+        tables: dict[str, RiskTable] = {}
+        gpus = {n: b.capacity.gpus_per_instance for n, b in pools.items()}
+        for name, b in planned.items():
+            assert b.plan is not None
+            if name not in self.floors:  # a controller starting on a running pool holds what runs
+                running = tuple(int(b.counts.replicas.get(r, 0)) for r in ROLES)
+                self.floors[name] = ((now_s, running[0], running[1]),)
+            held[name] = self.held_floor(name, now_s, slo_floor(b, settings))
+            plan = _raise_to(b.plan, held[name])
+            raised[name] = replace(b, plan=plan)
+            tables[name] = risk_table(b, settings, max(plan.prefill, plan.decode) + 1)
+        reserve_gpus = settings.reserve_gpus if settings.reserve_gpus is not None else max(gpus.values())
+        soft = sum((held[n][0] + held[n][1]) * gpus[n] for n in planned) + reserve_gpus
+        plans = [b.plan for b in raised.values() if b.plan is not None]
+        # A pool with a real backlog keeps this tick's plan (the model may misjudge heavy-tailed prompts);
+        # its plan is not held beyond the tick, so a burst's scale-up is not paid for after the burst.
+        keep = {
+            n: (b.plan.prefill, b.plan.decode) if b.plan is not None and _backlogged(b) else held[n]
+            for n, b in raised.items()
+            if n in held
+        }
+        label = f"fleet reserve (held SLO floors + {reserve_gpus} GPUs) ="
+        trimmed = allocate_budget(plans, {}, gpus, soft, floors=keep, risk_tables=tables, label=label)
+        for plan in trimmed:
+            raised[plan.pool] = replace(raised[plan.pool], plan=plan)
+        # The hard budget cuts above the held floors first; below them only if the floors alone do not fit.
+        at_floors = {n: replace(b, floor=held.get(n, b.floor)) for n, b in raised.items()}
+        out = fit_budget(self.gpu_budget, at_floors, guarantees=self.guarantees, risk_tables=tables)
+        if _gpus_of(out, pools) > self.gpu_budget:
+            again = {n: replace(b, plan=out[n]) if n in planned else b for n, b in raised.items()}
+            out = fit_budget(self.gpu_budget, again, guarantees=self.guarantees, risk_tables=tables)
+        return out
+
+
+BACKLOG_SLO_FRACTION = 0.5  # a queue the serving prefill instances need half the TTFT SLO to clear is real
+
+
+def _backlogged(b: BudgetInput) -> bool:
+    """The measured queue takes the serving prefill instances over ``BACKLOG_SLO_FRACTION`` of the TTFT SLO."""
+    o = b.observation
+    waiting, prompt = o.waiting_requests, o.mean_prompt_tokens
+    if not (math.isfinite(waiting) and waiting > 0 and math.isfinite(prompt)):
+        return False
+    active = int(b.counts.active.get("prefill", 0))
+    if active <= 0:
+        return True
+    return (
+        waiting * prompt / (active * b.capacity.prefill_tps) > BACKLOG_SLO_FRACTION * b.slo_ttft_ms / 1000.0
+    )
+
+
+def _gpus_of(plans: Mapping[str, ScalingPlan | None], pools: Mapping[str, BudgetInput]) -> int:
+    """GPUs of the plans, pools without one counted at their current replicas and standby."""
+    total = 0
+    for name, b in pools.items():
+        plan = plans.get(name)
+        per = b.capacity.gpus_per_instance
+        if plan is None:
+            total += per * sum(
+                int(b.counts.replicas.get(r, 0)) + int(b.counts.standby.get(r, 0)) for r in ROLES
+            )
+        else:
+            total += plan.gpus(per)
+    return total
+
+
+def _raise_to(plan: ScalingPlan, floor: tuple[int, int]) -> ScalingPlan:
+    """``plan`` with each role at least at ``floor`` (standby promoted first), the raise in its reasons."""
+    prefill, decode = max(plan.prefill, floor[0]), max(plan.decode, floor[1])
+    if (prefill, decode) == (plan.prefill, plan.decode):
+        return plan
+    why = (
+        f"fleet reserve: held at the SLO floor of the last burst (prefill {floor[0]}, decode {floor[1]}): "
+        f"prefill {plan.prefill} → {prefill}, decode {plan.decode} → {decode}"
+    )
+    return replace(
+        plan,
+        prefill=prefill,
+        decode=decode,
+        standby_prefill=max(plan.standby_prefill - (prefill - plan.prefill), 0),
+        standby_decode=max(plan.standby_decode - (decode - plan.decode), 0),
+        reasons=(*plan.reasons, why),
+    )

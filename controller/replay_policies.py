@@ -8,6 +8,7 @@ per-pool load by ``controller.sources.aggregate``), decides with the pure functi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,16 +22,20 @@ from controller.capacity import CapacityCache
 from controller.config import PolicyConfig, format_validation_error
 from controller.pipeline import (
     BudgetInput,
+    FleetBudget,
     LengthTracker,
     Pipeline,
     PoolCounts,
     PoolSetup,
+    RateTracker,
+    ReserveSettings,
     build_observation,
-    fit_budget,
+    burst_halflife_s,
 )
 from controller.policy import PoolObservation, ScalingPlan
 from controller.policy.dynamo import DynamoConfig, DynamoState, decide_dynamo
 from controller.policy.reactive import ReactiveConfig, ReactiveState, decide_reactive
+from controller.policy.types import PoolCapacity
 from controller.sources.aggregate import LoadAggregator, PoolLoad
 from forecaster.types import Forecaster
 from serving.sim.fleet import FleetSpec, PoolSpec
@@ -58,6 +63,7 @@ class _PoolTrack:
     capacity: CapacityCache
     lengths: LengthTracker = field(default_factory=LengthTracker)
     replicas: dict[str, int] = field(default_factory=dict)  # what the pool was last set to (spec.replicas)
+    burst: RateTracker = field(default_factory=lambda: RateTracker(5.0))  # reset() sets the pool's half-life
 
 
 def view_counts(name: str, view: ReplayView, replicas: Mapping[str, int]) -> PoolCounts:
@@ -93,6 +99,20 @@ def _epoch_offset(trace: Trace | None) -> float:
     return start.timestamp() if start is not None else 0.0
 
 
+def _budget_input(
+    track: _PoolTrack,
+    plan: ScalingPlan | None,
+    obs: PoolObservation,
+    cap: PoolCapacity,
+    counts: PoolCounts,
+    floor: tuple[int, int],
+) -> BudgetInput:
+    """What the fleet budget step needs from one pool's tick (its plan, load, capacity, SLO and rates)."""
+    return BudgetInput(
+        plan, obs, cap, track.spec.slo_ttft_ms, counts, floor, track.lengths.rate_ewma, track.burst.rps
+    )
+
+
 class _ControllerPolicy:
     """Shared plumbing: tracks, aggregation, the tick interval, the fleet's GPU budget."""
 
@@ -106,15 +126,25 @@ class _ControllerPolicy:
         self.last_obs: dict[str, PoolObservation] = {}
         self.gpu_budget: int | None = None
         self.gpu_shares: dict[str, int] = {}  # pool -> GPUs of the budget guaranteed to it
+        self.reserve: ReserveSettings | None = None  # the fleet reserve step (FleetBudget); None = off
+        self.budget: FleetBudget | None = None
 
     def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
         _require_disaggregated(fleet, self.name)
-        self.tracks = {p.name: _PoolTrack(p, CapacityCache(p)) for p in fleet.pools}
+        self.tracks = {
+            p.name: _PoolTrack(p, CapacityCache(p), burst=RateTracker(burst_halflife_s(p.slo_ttft_ms)))
+            for p in fleet.pools
+        }
         self.aggregator = LoadAggregator()
         self.last_tick_s = math.nan
         self.decisions = []
         self.last_obs = {}
         self.gpu_budget = fleet.gpu_budget
+        self.budget = (
+            FleetBudget(fleet.gpu_budget, guarantees=self.gpu_shares, reserve=self.reserve)
+            if fleet.gpu_budget is not None
+            else None
+        )
 
     def _loads(self, view: ReplayView) -> tuple[dict[str, PoolLoad], float]:
         dt = view.now_s - self.last_tick_s if math.isfinite(self.last_tick_s) else 1.0
@@ -122,13 +152,14 @@ class _ControllerPolicy:
         loads = self.aggregator.update(view.samples, list(self.tracks))
         for name, load in loads.items():
             self.tracks[name].lengths.update(load, dt)
+            self.tracks[name].burst.update(load.arrival_rps, dt)
         return loads, dt
 
     def _commands(self, now_s: float, inputs: Mapping[str, BudgetInput]) -> list[ScaleCommand]:
         """Every pool's plan of this tick, fitted into the fleet's GPU budget by SLO risk, as commands."""
         plans = {}
-        if self.gpu_budget is not None:
-            plans = fit_budget(self.gpu_budget, inputs, guarantees=self.gpu_shares)
+        if self.budget is not None:
+            plans = self.budget.fit(now_s, inputs)
         out: list[ScaleCommand] = []
         for name, b in inputs.items():
             plan = plans.get(name, b.plan)
@@ -152,9 +183,11 @@ class ReactivePolicy(_ControllerPolicy):
         config: ReactiveConfig | None = None,
         pool_configs: Mapping[str, ReactiveConfig] | None = None,
         gpu_shares: Mapping[str, int] | None = None,
+        reserve: ReserveSettings | None = None,
     ) -> None:
         super().__init__()
         self.gpu_shares = dict(gpu_shares or {})
+        self.reserve = reserve
         self.config = config or ReactiveConfig()
         self.pool_configs = dict(pool_configs or {})
         self.configs: dict[str, ReactiveConfig] = {}
@@ -180,9 +213,7 @@ class ReactivePolicy(_ControllerPolicy):
                 obs, cap, cfg, track.spec.slo_ttft_ms, self.states[name]
             )
             floor = (cfg.min_prefill, cfg.min_decode)
-            inputs[name] = BudgetInput(
-                plan, obs, cap, track.spec.slo_ttft_ms, counts, floor, track.lengths.arrivals_ewma
-            )
+            inputs[name] = _budget_input(track, plan, obs, cap, counts, floor)
         return self._commands(now_s, inputs)
 
 
@@ -196,9 +227,11 @@ class DynamoLikePolicy(_ControllerPolicy):
         config: DynamoConfig | None = None,
         pool_configs: Mapping[str, DynamoConfig] | None = None,
         gpu_shares: Mapping[str, int] | None = None,
+        reserve: ReserveSettings | None = None,
     ) -> None:
         super().__init__()
         self.gpu_shares = dict(gpu_shares or {})
+        self.reserve = reserve
         self.config = config or DynamoConfig()
         self.pool_configs = dict(pool_configs or {})
         self.configs: dict[str, DynamoConfig] = {}
@@ -222,9 +255,7 @@ class DynamoLikePolicy(_ControllerPolicy):
             cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
             plan, self.states[name] = decide_dynamo(obs, cap, cfg, dt, self.states[name])
             floor = (cfg.min_prefill, cfg.min_decode)
-            inputs[name] = BudgetInput(
-                plan, obs, cap, track.spec.slo_ttft_ms, counts, floor, track.lengths.arrivals_ewma
-            )
+            inputs[name] = _budget_input(track, plan, obs, cap, counts, floor)
         return self._commands(now_s, inputs)
 
 
@@ -259,9 +290,11 @@ class PredictivePolicy:
         forecaster: ForecasterFactory = default_forecaster,
         pool_configs: Mapping[str, PolicyConfig] | None = None,
         gpu_shares: Mapping[str, int] | None = None,
+        reserve: ReserveSettings | None = None,
     ) -> None:
         self.config = config or PolicyConfig()
         self.gpu_shares = dict(gpu_shares or {})
+        self.reserve = reserve
         self.pool_configs = dict(pool_configs or {})
         self.make_forecaster = forecaster
         self.forecaster: Forecaster | None = None
@@ -287,6 +320,7 @@ class PredictivePolicy:
             self.forecaster,
             gpu_budget=fleet.gpu_budget,
             gpu_shares=self.gpu_shares,
+            reserve=self.reserve,
             epoch_offset_s=_epoch_offset(traces.get(fleet.pools[0].name)),
             guard_vanished=False,  # the simulator's instances leave only by scale-down: nothing is hidden
         )
@@ -405,10 +439,14 @@ def oracle_needs(pool: PoolSpec, trace: Trace, window_s: float) -> tuple[np.ndar
 
 POOL_PARAMS = "pools"  # PolicyOptions.params key: {pool name: {config field: value}} per-pool overrides
 GPU_SHARES = "gpu_shares"  # PolicyOptions.params key: {pool name: GPUs of the budget guaranteed to it}
+FLEET_RESERVE = (
+    "fleet_reserve"  # PolicyOptions.params key: true or {ReserveSettings field: value}; absent = off
+)
+FLEET_KEYS = (POOL_PARAMS, GPU_SHARES, FLEET_RESERVE)
 
 
 def _policy_config(options: PolicyOptions, model: type[Any]) -> Any:
-    params = {k: v for k, v in options.params.items() if k not in (POOL_PARAMS, GPU_SHARES)}
+    params = {k: v for k, v in options.params.items() if k not in FLEET_KEYS}
     try:
         return model(**params)
     except Exception as exc:  # pydantic's ValidationError names the field
@@ -441,6 +479,28 @@ def _gpu_shares(options: PolicyOptions) -> dict[str, int]:
     return {str(k): int(v) for k, v in raw.items()}
 
 
+def fleet_reserve(options: PolicyOptions) -> ReserveSettings | None:
+    """The fleet reserve step's settings from ``options.params["fleet_reserve"]``: absent or false = off,
+    true = the defaults, a mapping = ``ReserveSettings`` fields (errors name the field)."""
+    raw = options.params.get(FLEET_RESERVE, False)
+    if raw is False or raw is None:
+        return None
+    if raw is True:
+        return ReserveSettings()
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"policy parameter {FLEET_RESERVE!r} must be true, false or a mapping, got {raw!r}")
+    known = {f.name for f in dataclasses.fields(ReserveSettings)}
+    unknown = sorted(set(map(str, raw)) - known)
+    if unknown:
+        raise ValueError(
+            f"policy parameter {FLEET_RESERVE!r}: unknown fields {unknown} (known: {sorted(known)})"
+        )
+    try:
+        return ReserveSettings(**{str(k): v for k, v in raw.items()})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"policy parameter {FLEET_RESERVE!r}: {exc}") from None
+
+
 def _no_counts(options: PolicyOptions, name: str) -> None:
     if options.prefill is not None or options.decode is not None or options.mixed is not None:
         raise ValueError(
@@ -451,19 +511,24 @@ def _no_counts(options: PolicyOptions, name: str) -> None:
 def _reactive(options: PolicyOptions) -> ReplayPolicy:
     _no_counts(options, "reactive")
     base: ReactiveConfig = _policy_config(options, ReactiveConfig)
-    return ReactivePolicy(base, _pool_configs(options, base), _gpu_shares(options))
+    return ReactivePolicy(base, _pool_configs(options, base), _gpu_shares(options), fleet_reserve(options))
 
 
 def _dynamo(options: PolicyOptions) -> ReplayPolicy:
     _no_counts(options, "dynamo-like")
     base: DynamoConfig = _policy_config(options, DynamoConfig)
-    return DynamoLikePolicy(base, _pool_configs(options, base), _gpu_shares(options))
+    return DynamoLikePolicy(base, _pool_configs(options, base), _gpu_shares(options), fleet_reserve(options))
 
 
 def _predictive(options: PolicyOptions) -> ReplayPolicy:
     _no_counts(options, "predictive")
     base: PolicyConfig = _policy_config(options, PolicyConfig)
-    return PredictivePolicy(base, pool_configs=_pool_configs(options, base), gpu_shares=_gpu_shares(options))
+    return PredictivePolicy(
+        base,
+        pool_configs=_pool_configs(options, base),
+        gpu_shares=_gpu_shares(options),
+        reserve=fleet_reserve(options),
+    )
 
 
 def _oracle(options: PolicyOptions) -> ReplayPolicy:

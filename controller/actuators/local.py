@@ -1,8 +1,11 @@
 """The actuator for a local vLLM pool: sets ``serving.pools.manager.PoolManager`` replica counts.
 
-``apply`` clamps the plan (``clamp_targets``), then scales each role whose server count differs; scale-up
-returns once the new servers serve (registered with the router), scale-down once the removed ones drained
-and stopped. A local pool has no warm-standby tier: standby targets are clamped to 0 with a note.
+``apply`` clamps the plan (``clamp_targets``), then scales each role whose active or standby count differs
+(``pool.scale(role, active, standby=standby)``): active up promotes warm standby first (a router
+registration), then cold-starts; active down drains, then demotes to standby or stops; standby is refilled
+or trimmed. It returns once every new server serves (or waits warm, for standby). Changes are reported per
+tier (``"active"``, ``"standby"``). A pool without a standby tier (``standby_supported`` False: mixed-node
+placement) gets standby 0 with a note.
 Errors: a server that fails to start is ``ActuatorUnavailable`` (retry; the servers that did start serve),
 a missing model directory or an unknown pool is ``ActuatorError`` (a human must fix it).
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from controller.actuators.base import (
+    TIERS,
     ActuatorError,
     ActuatorUnavailable,
     ApplyResult,
@@ -36,16 +40,29 @@ class ScalablePool(Protocol):
 
     name: str
 
+    @property
+    def standby_supported(self) -> bool:
+        """Whether the pool has a warm-standby tier."""
+        ...
+
     def count(self, role: str) -> int:
-        """Servers of ``role`` the pool is set to (serving or starting)."""
+        """Active servers of ``role`` the pool is set to (serving or starting)."""
         ...
 
     def ready(self, role: str) -> int:
         """Servers of ``role`` serving now (registered and healthy in the router)."""
         ...
 
-    def scale(self, role: str, n: int) -> object:
-        """Set ``role`` to ``n`` servers; return when done."""
+    def standby_count(self, role: str) -> int:
+        """Standby servers of ``role`` (warm, outside the router)."""
+        ...
+
+    def standby_ready(self, role: str) -> int:
+        """Standby servers of ``role`` that are up."""
+        ...
+
+    def scale(self, role: str, n: int, standby: int | None = None) -> object:
+        """Set ``role`` to ``n`` active and ``standby`` standby servers (None: keep); return when done."""
         ...
 
 
@@ -64,10 +81,22 @@ class LocalPoolActuator:
             )
 
     def current(self, pool: str) -> PoolReplicas:
-        """``replicas``: servers the pool has (serving, starting or being healed); ``ready``: serving."""
+        """``replicas``: active servers the pool has (serving, starting or being healed); ``ready``: serving;
+        ``standby`` / ``standby_ready``: warm standby servers, and those up."""
         self._check(pool)
-        roles = {role: RoleReplicas(self.pool.count(role), self.pool.ready(role)) for role in ROLES}
+        p = self.pool
+        roles = {
+            role: RoleReplicas(p.count(role), p.ready(role), p.standby_count(role), p.standby_ready(role))
+            for role in ROLES
+        }
         return PoolReplicas(pool, roles)
+
+    def _counts(self) -> dict[tuple[str, str], int]:
+        return {
+            (r, tier): (self.pool.count(r) if tier == "active" else self.pool.standby_count(r))
+            for r in ROLES
+            for tier in TIERS
+        }
 
     def apply(self, plan: ScalingPlan, bounds: ReplicaBounds) -> ApplyResult:
         self._check(plan.pool)
@@ -75,27 +104,30 @@ class LocalPoolActuator:
         changes: list[Change] = []
         for role in ROLES:
             active, standby = targets[role]
-            if standby:
-                notes.append(f"{plan.pool}/{role}: standby {standby} set to 0 (a local pool has no standby)")
+            if standby and not self.pool.standby_supported:
+                notes.append(
+                    f"{plan.pool}/{role}: standby {standby} set to 0 (this local pool has no standby tier: "
+                    "mixed-node placement)"
+                )
+                standby = 0
                 targets[role] = (active, 0)
-            before = self.pool.count(role)
-            if before == active:
+            counts = self._counts()
+            if counts[role, "active"] == active and counts[role, "standby"] == standby:
                 continue
-            counts = {r: self.pool.count(r) for r in ROLES}
+            what = f"{plan.pool}/{role} {counts[role, 'active']} -> {active}"
+            if counts[role, "standby"] != standby:
+                what += f", standby {counts[role, 'standby']} -> {standby}"
             try:
-                self.pool.scale(role, active)
+                self.pool.scale(role, active, standby=standby)
             except InstanceStartError as err:
-                raise ActuatorUnavailable(
-                    f"LocalPoolActuator: {plan.pool}/{role} {before} -> {active}: {err}", self.retry_after_s
-                ) from err
+                raise ActuatorUnavailable(f"LocalPoolActuator: {what}: {err}", self.retry_after_s) from err
             except (FileNotFoundError, ValueError) as err:
-                raise ActuatorError(
-                    f"LocalPoolActuator: {plan.pool}/{role} {before} -> {active}: {err}"
-                ) from err
-            # every role whose count moved: on mixed-node pools a prefill change adds or removes whole nodes,
-            # so decode moves with it
+                raise ActuatorError(f"LocalPoolActuator: {what}: {err}") from err
+            # every role and tier whose count moved: on mixed-node pools a prefill change adds or removes
+            # whole nodes, so decode moves with it; a promotion moves both tiers
+            after = self._counts()
             for r in ROLES:
-                after = self.pool.count(r)
-                if after != counts[r]:
-                    changes.append(Change(plan.pool, r, "active", "local", counts[r], after))
+                for tier in TIERS:
+                    if after[r, tier] != counts[r, tier]:
+                        changes.append(Change(plan.pool, r, tier, "local", counts[r, tier], after[r, tier]))
         return ApplyResult(plan.pool, targets, tuple(changes), dry_run=False, notes=tuple(notes))

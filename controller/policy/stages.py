@@ -129,12 +129,15 @@ def capacity_target(
 
     per_seq_tps = cap.decode_tps / cap.decode_seqs
     arrival_rps = _nanmax(obs.arrival_rps, arrivals_fc)
-    concurrency = obs.running_seqs if _known(obs.running_seqs) else 0.0
+    running = obs.running_seqs if _known(obs.running_seqs) else 0.0
+    little = math.nan
     if _known(arrival_rps) and _known(obs.mean_output_tokens):
-        concurrency = max(concurrency, arrival_rps * obs.mean_output_tokens / per_seq_tps)
+        little = arrival_rps * obs.mean_output_tokens / per_seq_tps
+    concurrency = max(running, little) if _known(little) else running
     decode = max(gen_tps * cap.correction / cap.decode_tps, concurrency / cap.decode_seqs)
     reasons.append(
-        f"need: prefill {prefill:.2f}, decode {decode:.2f} instances (concurrency {concurrency:.0f})"
+        f"need: prefill {prefill:.2f}, decode {decode:.2f} instances (concurrency {concurrency:.0f}:"
+        f" running {running:.0f}, Little {little:.0f})"
     )
     running = obs.running_seqs if _known(obs.running_seqs) else math.nan
     # Arithmetic on absurd (finite) inputs can overflow to inf: that is demand beyond any fleet.
@@ -461,11 +464,17 @@ NEED_BLOCK_S = 5.0  # the burst reserve keeps the most instances the load needed
 def load_need(obs: PoolObservation, cap: PoolCapacity) -> tuple[float, float]:
     """Instances (prefill, decode) the measured load needs now: no forecast, no queue, no headroom; the
     prompt load is the higher of the prefilled-token counter and arrivals × mean prompt (a burst's size is
-    what arrived, whether or not the fleet kept up). NaN when the load is unknown."""
+    what arrived, whether or not the fleet kept up). NaN when the load is unknown.
+
+    Decode concurrency comes from arrivals (Little's law at the ITL SLO's per-sequence rate), not from the
+    measured running sequences: the reserve remembers what load arrived, and an overloaded pool's running
+    count is its backlog (a prefill queue flushed into decode, sequences slowed past the ITL SLO). On the
+    1↔24 req/s sinusoid one such flush read 1,762 running against 1,057 by Little's law, and the reserve
+    held that peak (decode 90 → max) for the rest of the hour."""
     prompt_tps = obs.prompt_tps
     if _known(prompt_tps) and _known(obs.arrival_rps) and _known(obs.mean_prompt_tokens):
         prompt_tps = max(prompt_tps, obs.arrival_rps * obs.mean_prompt_tokens)
-    measured = replace(obs, forecast=None, waiting_requests=0.0, prompt_tps=prompt_tps)
+    measured = replace(obs, forecast=None, waiting_requests=0.0, prompt_tps=prompt_tps, running_seqs=math.nan)
     need = capacity_target(measured, cap, slo_ttft_s=1.0)  # no queue: the SLO is moot
     return (need.prefill, need.decode) if need is not None else (math.nan, math.nan)
 

@@ -2,7 +2,10 @@
 
 Counters become per-second rates by differencing two scrapes (an instance seen for the first time
 counts from zero; a counter that went down was reset and counts from zero again). Gauges are summed
-(running, waiting) or averaged (KV usage) over the instances that serve. Histograms give quantiles by
+(running, waiting) or averaged (KV usage) over the instances that serve, each over the role it describes:
+running over decode and mixed instances (sequences decoding; a prefill instance's running requests are
+prefilling), waiting over prefill and mixed instances (queued, not yet prefilled; a decode instance's waiting
+requests are prefilled and wait for a decode slot). Histograms give quantiles by
 linear interpolation inside the bucket, as Prometheus' ``histogram_quantile`` does. A value that cannot
 be computed is NaN — unknown, never zero.
 """
@@ -30,8 +33,8 @@ class PoolLoad:
     arrival_rps: float
     prompt_tps: float
     gen_tps: float
-    running: float
-    waiting: float
+    running: float  # sequences decoding: decode and mixed instances
+    waiting: float  # requests queued for prefill: prefill and mixed instances
     kv_usage: float
     ttft_p50_s: float
     ttft_p90_s: float
@@ -143,13 +146,14 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool) -> P
         per_role = counts.setdefault(str(role), {})
         per_role[str(state)] = per_role.get(str(state), 0) + 1
 
-    def gauge_sum(metric: str) -> float:
+    def gauge_sum(metric: str, sel: np.ndarray) -> float:
         g = cur.gauges.get(metric)
-        return float(g[serving].sum()) if g is not None else math.nan
+        return float(g[sel].sum()) if g is not None else math.nan
 
     kv = cur.gauges.get(names.KV_CACHE_USAGE_PERC)
     kv_sel = serving & np.isin(roles, ("decode", "mixed"))
     prompt_sel = in_pool & np.isin(roles, ("prefill", "mixed"))
+    decode_sel = in_pool & np.isin(roles, ("decode", "mixed"))
     # A P/D request is routed twice (to a prefill, then to a decode instance): arrivals are counted where
     # requests enter the pool, on prefill and mixed instances only.
     n_arrivals = float(d.arrivals[prompt_sel].sum())
@@ -167,8 +171,8 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool) -> P
         arrival_rps=_rate(d.arrivals[prompt_sel], d.dt_s),
         prompt_tps=_rate(prompt, d.dt_s),
         gen_tps=_rate(d.gen[in_pool], d.dt_s),
-        running=gauge_sum(names.NUM_REQUESTS_RUNNING),
-        waiting=gauge_sum(names.NUM_REQUESTS_WAITING),
+        running=gauge_sum(names.NUM_REQUESTS_RUNNING, serving & decode_sel),
+        waiting=gauge_sum(names.NUM_REQUESTS_WAITING, serving & prompt_sel),
         kv_usage=float(kv[kv_sel].mean()) if kv is not None and kv_sel.any() else math.nan,
         ttft_p50_s=ttft50,
         ttft_p90_s=ttft90,

@@ -90,6 +90,14 @@ def manifests_cmd(
     dra_device_class: Annotated[
         str, typer.Option(help="--gpu-sharing dra: the DeviceClass to claim GPUs from.")
     ] = DRA_DEVICE_CLASS,
+    router_drain: Annotated[
+        bool,
+        typer.Option(
+            "--router-drain",
+            help="The controller drains the router's backends before a scale-down and marks their pods for "
+            "deletion: adds actuator.router_admin to its config and pods list/patch to its Role.",
+        ),
+    ] = False,
 ) -> None:
     """Render Deployments, Services, RBAC, the controller's config, alert rules and a Grafana dashboard.
 
@@ -118,6 +126,8 @@ def manifests_cmd(
       pdscale manifests --out deploy/ --placement mixed-node --prefill-mem-frac 0.35 --decode-mem-frac 0.6
 
       pdscale manifests --out deploy/ --placement mixed-node --prefill 4 --decode 4 --gpu-sharing dra
+
+      pdscale manifests --out deploy/ --pool chat --router-drain
     """
     try:
         spec = ManifestSpec(
@@ -144,6 +154,7 @@ def manifests_cmd(
             decode_min_mem_frac=decode_min_mem_frac,
             gpu_sharing=gpu_sharing,  # type: ignore[arg-type]  # checked by ManifestSpec
             dra_device_class=dra_device_class,
+            router_drain=router_drain,
         )
     except ManifestSpecError as exc:
         raise _fail(str(exc)) from exc

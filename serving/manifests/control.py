@@ -6,7 +6,8 @@ it is built here as a plain dict; ``tests/manifests`` validates it with the real
 
 RBAC is exactly what the controller calls (``controller/actuators/kubernetes.py`` and
 ``controller/leader.py``): list/get/watch Deployments, get/patch ``deployments/scale``, get/create/update
-Leases. No wildcard, no Secrets, nothing cluster-wide.
+Leases; with ``ManifestSpec.router_drain`` also list/patch pods (``controller/actuators/router_admin.py``'s
+``PodDeletionCostMarker``). No wildcard, no Secrets, nothing cluster-wide.
 """
 
 from __future__ import annotations
@@ -30,6 +31,23 @@ RBAC_RULES: tuple[Obj, ...] = (
     {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get", "patch"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 )
+# With the router drain: list the pool's pods (by the pool/role labels) and patch the drained ones'
+# controller.kubernetes.io/pod-deletion-cost annotation.
+ROUTER_DRAIN_RBAC_RULES: tuple[Obj, ...] = (
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
+)
+ROUTER_DRAIN_TIMEOUT_S = 120.0  # one cold start (llama3-8b/a100): a request longer than that is retried
+
+
+def rbac_rules(spec: ManifestSpec) -> tuple[Obj, ...]:
+    """The controller Role's rules: ``RBAC_RULES``, plus ``ROUTER_DRAIN_RBAC_RULES`` with ``router_drain``."""
+    return RBAC_RULES + (ROUTER_DRAIN_RBAC_RULES if spec.router_drain else ())
+
+
+def router_admin_config(spec: ManifestSpec) -> dict[str, Any]:
+    """``actuator.router_admin`` for the pool's router Service (port 80 -> the router's admin API)."""
+    url = f"http://{spec.name('router')}.{spec.namespace}.svc"
+    return {"pools": {spec.pool: {"url": url}}, "drain_timeout_s": ROUTER_DRAIN_TIMEOUT_S, "mark_pods": True}
 
 
 def controller_config(spec: ManifestSpec) -> dict[str, Any]:
@@ -59,7 +77,11 @@ def controller_config(spec: ManifestSpec) -> dict[str, Any]:
             "pool_label": "pool",  # set from the pod label by the scrape config (monitoring.scrape_config)
             "role_label": "role",
         },
-        "actuator": {"kind": "kubernetes", "namespace": spec.namespace},
+        "actuator": {
+            "kind": "kubernetes",
+            "namespace": spec.namespace,
+            **({"router_admin": router_admin_config(spec)} if spec.router_drain else {}),
+        },
         "metrics_port": CONTROLLER_METRICS_PORT,
     }
 
@@ -80,7 +102,7 @@ def controller_objects(spec: ManifestSpec) -> list[Obj]:
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": metadata(spec, CONTROLLER_NAME, dict(labels)),
-        "rules": [{k: list(v) for k, v in rule.items()} for rule in RBAC_RULES],
+        "rules": [{k: list(v) for k, v in rule.items()} for rule in rbac_rules(spec)],
     }
     binding: Obj = {
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -71,7 +71,9 @@ class ManifestSpec:
     ``nvidia.com/gpu`` request. With ``placement="mixed-node"`` one pod runs one prefill and one decode
     container on the same GPUs, ``prefill_mem_frac`` and ``decode_mem_frac`` of their memory (None: the rest
     up to 0.9); the two add up to at most 0.95 and decode keeps at least ``decode_min_mem_frac``.
-    ``gpu_sharing`` says how both containers reach the GPUs (see ``GpuSharing``).
+    ``gpu_sharing`` says how both containers reach the GPUs (see ``GpuSharing``). ``router_drain``: the
+    controller's config gets ``actuator.router_admin`` for the pool's router and its Role gets pods list and
+    patch (to mark the drained pods for deletion); off by default, so the Role stays as small as it was.
     """
 
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
@@ -97,6 +99,8 @@ class ManifestSpec:
     decode_min_mem_frac: float = DEFAULT_DECODE_MIN_SHARE
     gpu_sharing: GpuSharing = "runtime"
     dra_device_class: str = DRA_DEVICE_CLASS
+    # the controller drains router backends before a scale-down (RBAC: pods list/patch)
+    router_drain: bool = False
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -146,6 +150,10 @@ class ManifestSpec:
         if not _DNS_SUBDOMAIN.match(self.dra_device_class):
             out.append(
                 f"--dra-device-class: {self.dra_device_class!r} must be a DNS subdomain (a DeviceClass name)"
+            )
+        if self.router_drain and self.placement == "mixed-node":
+            out.append(
+                "--router-drain: configures the controller, which --placement mixed-node does not render"
             )
         if self.placement == "mixed-node" and self.prefill != self.decode:
             out.append(

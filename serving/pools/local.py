@@ -5,9 +5,11 @@ forks an engine-core process (and workers) that SIGKILL of the API server alone 
 GB each. ``LocalInstance.stop`` therefore signals the whole group, SIGTERM first (vLLM shuts down
 cleanly on it), SIGKILL after a timeout, and returns only once no process of the group is left.
 
-Prefill/decode disaggregation uses a KV connector passed as ``--kv-transfer-config``: ExampleConnector
-(KV blocks through files in a shared directory; needs nothing extra) by default, NixlConnector when
-``nixl`` is importable. See ../shared/notes/VLLM_CPU.md for what was measured on these machines.
+Prefill/decode disaggregation uses a KV connector passed as ``--kv-transfer-config``. ``connector="auto"``
+(the default) is NixlConnector, the production path, when ``nixl`` is importable, and ExampleConnector (KV blocks
+through files in a shared directory; needs nothing extra) otherwise. A NIXL server gets its own side-channel port
+(``VLLM_NIXL_SIDE_CHANNEL_PORT``, loopback host). See ../shared/notes/VLLM_CPU.md for what was measured on these
+machines (NIXL's progress thread spins a core per idle worker there: force ExampleConnector on a small CPU box).
 
 Memory share (PD-mixed nodes, issue 8): ``InstanceConfig.memory_share`` is the fraction of the node's
 accelerator memory the instance may use. On GPU builds it is vLLM's ``--gpu-memory-utilization``; on
@@ -42,7 +44,7 @@ Role = Literal["mixed", "prefill", "decode"]
 Platform = Literal["cpu", "gpu"]
 PLATFORMS: tuple[Platform, ...] = ("cpu", "gpu")
 ROLES: tuple[Role, ...] = ("mixed", "prefill", "decode")
-Connector = Literal["ExampleConnector", "NixlConnector"]
+Connector = Literal["auto", "ExampleConnector", "NixlConnector"]
 
 SERVED_MODEL_NAME = "tiny"
 
@@ -131,14 +133,20 @@ class KVTransfer:
     block files, one per full 128-token block of each prompt: put it under a temp dir).
     """
 
-    connector: Connector = "ExampleConnector"
+    connector: Connector = "auto"  # NixlConnector when `nixl` is importable, else ExampleConnector
     shared_storage_path: Path | None = None
+
+    def resolved(self) -> Connector:
+        """The connector servers are started with (``auto`` decided by whether ``nixl`` is importable)."""
+        if self.connector != "auto":
+            return self.connector
+        return "NixlConnector" if importlib.util.find_spec("nixl") is not None else "ExampleConnector"
 
     def config_json(self, role: Role) -> str:
         """The ``--kv-transfer-config`` value for an instance of ``role`` (prefill or decode)."""
         if role == "mixed":
             raise ValueError("KVTransfer.config_json: a mixed instance takes no KV connector")
-        if self.connector == "ExampleConnector":
+        if self.resolved() == "ExampleConnector":
             if self.shared_storage_path is None:
                 raise ValueError("KVTransfer.shared_storage_path: ExampleConnector needs a shared directory")
             return json.dumps(
@@ -237,12 +245,19 @@ def memory_settings(config: InstanceConfig) -> MemorySettings:
     return MemorySettings(args=("--kv-cache-memory-bytes", str(kv_bytes)), unset_env=(KV_SPACE_ENV,))
 
 
-def instance_env(config: InstanceConfig, base: Mapping[str, str]) -> dict[str, str]:
-    """The server's environment: ``base`` (the parent's), BASE_ENV, the memory share's, then ``config.env``."""
+def instance_env(
+    config: InstanceConfig, base: Mapping[str, str], *, port_picker: Callable[[], int] | None = None
+) -> dict[str, str]:
+    """The server's environment: ``base`` (the parent's), BASE_ENV, the memory share's, a NIXL side channel of
+    its own (loopback, a free port from ``port_picker``) for a NixlConnector server, then ``config.env``."""
     memory = memory_settings(config)
     env = {**base, **BASE_ENV, **memory.env}
     for name in memory.unset_env:
         env.pop(name, None)
+    kv = config.kv_transfer
+    if kv is not None and config.role != "mixed" and kv.resolved() == "NixlConnector":
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = config.host
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str((port_picker or free_port)())
     return {**env, **config.env}
 
 

@@ -10,7 +10,19 @@ own event loop in a background thread. Every change keeps requests whole:
 - ``heal()``: servers the router marked unhealthy (its ``on_unhealthy`` hook) whose API process died or
   whose ``/health`` fails are stopped and started again on the same port under the same id; the router's
   own health probe brings them back into rotation. ``start_healer()`` runs ``heal`` in a thread whenever
-  the hook fires.
+  the hook fires (and every ``poll_s`` while the pool has standby servers).
+
+Warm standby (issue 6). A standby server is started and healthy but *not* registered with the router: it
+takes no traffic and the router never sees it. ``scale(role, n, standby=k)`` sets both tiers: active up
+first *promotes* warm standby servers (oldest first; each is checked alive and registered with the router,
+which takes milliseconds), then cold-starts the rest, and cold-starts new standby servers to refill ``k``;
+active down *demotes* servers to standby while fewer than ``k`` are warm (router drain, then they stay
+running, unregistered) and stops the rest (drain, then stop). ``count(role)`` is the active tier,
+``standby_count(role)`` the standby one. ``heal`` also checks every standby server (API process alive and
+``/health`` answering) and restarts a dead one on its port under its id, still unregistered. The state file
+records each server's ``tier``. Mixed-node placement has no standby tier (``standby_supported`` False):
+a warm node would hold a prefill and a decode server's memory idle, and a standby half-node cannot exist;
+``scale(..., standby=k>0)`` and ``up(standby_*>0)`` on such a pool are ValueErrors.
 
 Placement (``PoolSettings.placement``, issue 8). ``dedicated``: every server is its own node, sized by
 ``num_gpu_blocks_override``. ``mixed-node``: a node is a prefill and a decode server side by side, sharing
@@ -81,6 +93,11 @@ _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 STATE_VERSION = 1
 _PREFIX: dict[Role, str] = {"prefill": "p", "decode": "d", "mixed": "m"}
+Tier = Literal["active", "standby"]
+MIXED_NODE_NO_STANDBY = (
+    "placement 'mixed-node' has no standby tier (a warm node would hold a prefill and a decode server's "
+    "memory idle); run standby on a dedicated pool"
+)
 Placement = Literal["dedicated", "mixed-node"]
 PLACEMENTS: tuple[Placement, ...] = ("dedicated", "mixed-node")
 SETTINGS_SHARE_NAMES = ("PoolSettings.prefill_mem_frac", "PoolSettings.decode_mem_frac",
@@ -180,7 +197,10 @@ class PoolSettings:
 
 @dataclass(frozen=True)
 class ScaleResult:
-    """What one ``scale`` call did: ids started (now serving) and ids stopped (drained first)."""
+    """What one ``scale`` call did. ``before``/``after``: the role's active servers; ``standby_before``/
+    ``standby_after``: its standby ones. ``started``: new servers now active (registered);
+    ``started_standby``: new servers now standby; ``promoted``: standby servers now active; ``demoted``:
+    active servers drained into standby; ``stopped``: servers stopped (active ones drained first)."""
 
     role: Role
     before: int
@@ -189,6 +209,12 @@ class ScaleResult:
     stopped: tuple[str, ...] = ()
     drain_s: float = 0.0  # longest drain wait
     start_s: float = 0.0  # seconds until the last new server answered /health
+    standby_before: int = 0
+    standby_after: int = 0
+    started_standby: tuple[str, ...] = ()
+    promoted: tuple[str, ...] = ()
+    demoted: tuple[str, ...] = ()
+    promote_s: float = 0.0  # seconds from the scale call until the last promoted server was registered
 
 
 @dataclass(frozen=True)
@@ -199,6 +225,7 @@ class HealResult:
     reason: str
     restart_s: float
     healthy_at_s: float = 0.0  # the manager's clock when the restarted server first answered /health
+    tier: Tier = "active"  # "standby": restarted out of the router, as it was
 
 
 @dataclass
@@ -207,6 +234,7 @@ class _Member:
     instance: LocalInstance
     registered: bool = False
     node: str = ""  # mixed-node placement: the node it shares with its partner; "" = a dedicated server
+    tier: Tier = "active"  # "standby": healthy, never registered with the router
 
 
 class RouterThread:
@@ -289,11 +317,15 @@ class PoolManager:
         name: str = "local",
         starter: Callable[[InstanceConfig, Path], LocalInstance] = start_instance,
         clock: Callable[[], float] = time.monotonic,
+        health: Callable[[str], bool] = _health_ok,
     ) -> None:
+        """``health(url)``: does the server at ``url`` answer ``/health`` now (heal and promotion ask it;
+        tests inject one for their fake servers)."""
         self.settings = settings
         self.name = name
         self._starter = starter
         self._clock = clock
+        self._health = health
         self._lock = threading.RLock()
         self._members: dict[str, _Member] = {}
         self._next: dict[Role, int] = dict.fromkeys(ROLES, 0)
@@ -315,10 +347,24 @@ class PoolManager:
         """The running router (``.router.registry``, ``.call(fn)`` to run code on its loop); after ``up``."""
         return self._require_router()
 
-    def ids(self, role: Role | None = None) -> list[str]:
-        """Ids of the pool's servers (of ``role``), starting or serving, oldest first."""
+    @property
+    def standby_supported(self) -> bool:
+        """False for mixed-node placement, which has no standby tier (module doc)."""
+        return self.settings.placement != "mixed-node"
+
+    def ids(self, role: Role | None = None, tier: Tier | None = None) -> list[str]:
+        """Ids of the pool's servers (of ``role``, of ``tier``), starting or serving, oldest first."""
         with self._lock:
-            return [m.id for m in self._members.values() if role is None or m.instance.role == role]
+            return [
+                m.id
+                for m in self._members.values()
+                if (role is None or m.instance.role == role) and (tier is None or m.tier == tier)
+            ]
+
+    def tier(self, member_id: str) -> Tier:
+        """``"active"`` (in the router's rotation, or starting for it) or ``"standby"``."""
+        with self._lock:
+            return self._members[member_id].tier
 
     def instance(self, member_id: str) -> LocalInstance:
         with self._lock:
@@ -334,9 +380,23 @@ class PoolManager:
             return {node: (ids["prefill"], ids["decode"]) for node, ids in pairs.items()}
 
     def count(self, role: str) -> int:
-        """Servers of ``role`` the pool is set to (serving, starting, or being healed)."""
+        """Active servers of ``role`` the pool is set to (serving, starting, or being healed)."""
         with self._lock:
-            return sum(1 for m in self._members.values() if m.instance.role == role)
+            return sum(1 for m in self._members.values() if m.instance.role == role and m.tier == "active")
+
+    def standby_count(self, role: str) -> int:
+        """Standby servers of ``role`` (warm, outside the router; starting or being healed included)."""
+        with self._lock:
+            return sum(1 for m in self._members.values() if m.instance.role == role and m.tier == "standby")
+
+    def standby_ready(self, role: str) -> int:
+        """Standby servers of ``role`` whose API process is running (cheap: no HTTP; ``heal`` probes)."""
+        with self._lock:
+            return sum(
+                1
+                for m in self._members.values()
+                if m.instance.role == role and m.tier == "standby" and m.instance.is_running()
+            )
 
     def ready(self, role: str) -> int:
         """Servers of ``role`` registered with the router and healthy in its view."""
@@ -357,12 +417,24 @@ class PoolManager:
         ]  # fmt: skip
 
     # ----------------------------------------------------------------- lifecycle
-    def up(self, prefill: int = 1, decode: int = 1, mixed: int = 0) -> str:
+    def up(
+        self,
+        prefill: int = 1,
+        decode: int = 1,
+        mixed: int = 0,
+        *,
+        standby_prefill: int = 0,
+        standby_decode: int = 0,
+    ) -> str:
         """Start the router and the servers (in parallel); return the router's URL once all serve.
 
-        Mixed-node placement: ``prefill`` nodes (a prefill and a decode server each) plus ``decode - prefill``
-        dedicated decode servers; ``decode < prefill`` and ``mixed > 0`` are refused (ValueError)."""
-        for role_name, n in (("prefill", prefill), ("decode", decode), ("mixed", mixed)):
+        ``standby_*`` servers start alongside and stay out of the router (warm standby). Mixed-node
+        placement: ``prefill`` nodes (a prefill and a decode server each) plus ``decode - prefill``
+        dedicated decode servers; ``decode < prefill``, ``mixed > 0`` and any standby are refused
+        (ValueError)."""
+        counts = (("prefill", prefill), ("decode", decode), ("mixed", mixed),
+                  ("standby_prefill", standby_prefill), ("standby_decode", standby_decode))  # fmt: skip
+        for role_name, n in counts:
             if n < 0:
                 raise ValueError(f"PoolManager.up: {role_name}={n} must be >= 0")
         if (prefill > 0) != (decode > 0):
@@ -371,6 +443,11 @@ class PoolManager:
         if mixed_node and mixed:
             raise ValueError(
                 f"PoolManager.up: placement 'mixed-node' runs prefill/decode pairs only, got mixed={mixed}"
+            )
+        if mixed_node and (standby_prefill or standby_decode):
+            raise ValueError(
+                f"PoolManager.up: standby_prefill={standby_prefill} standby_decode={standby_decode}: "
+                + MIXED_NODE_NO_STANDBY
             )
         if mixed_node and decode < prefill:
             raise ValueError(
@@ -402,7 +479,10 @@ class PoolManager:
                 if mixed_node:
                     self._grow({"decode": decode - prefill}, nodes=prefill)
                 else:
-                    self._grow({"prefill": prefill, "decode": decode, "mixed": mixed})
+                    self._grow(
+                        {"prefill": prefill, "decode": decode, "mixed": mixed},
+                        standby={"prefill": standby_prefill, "decode": standby_decode},
+                    )
             except BaseException:
                 self.down()
                 raise
@@ -438,30 +518,94 @@ class PoolManager:
         self.down()
 
     # ----------------------------------------------------------------- scaling
-    def scale(self, role_name: str, n: int) -> ScaleResult:
-        """Set ``role`` to ``n`` servers: start and register new ones, or drain then stop the newest.
+    def scale(self, role_name: str, n: int, standby: int | None = None) -> ScaleResult:
+        """Set ``role`` to ``n`` active servers and ``standby`` warm standby ones (None: keep the standby
+        count as it is).
+
+        Active up: promote warm standby servers first (register with the router: fast), cold-start the
+        rest; active down: drain the newest, demote them to standby while fewer than ``standby`` are warm,
+        stop the others. Then standby is refilled (cold starts, not registered) or trimmed (newest stopped;
+        nothing to drain). Cold starts of both tiers run in parallel; the call returns when all serve.
 
         Mixed-node placement (module doc): prefill ``n`` = ``n`` nodes, whole pairs added or removed (the
         result lists both servers of each); decode ``n`` adds or removes dedicated decode servers beyond the
-        nodes' own, and ``n`` below the node count is a ValueError."""
+        nodes' own, and ``n`` below the node count is a ValueError; so is ``standby`` > 0."""
         if role_name not in ROLES:
             raise ValueError(f"PoolManager.scale: role {role_name!r} is not one of {ROLES}")
         role: Role = role_name
         if n < 0:
             raise ValueError(f"PoolManager.scale: {role} count {n} must be >= 0")
+        if standby is not None and standby < 0:
+            raise ValueError(f"PoolManager.scale: {role} standby {standby} must be >= 0")
         with self._lock:
             self._require_router()
             if self.settings.placement == "mixed-node":
+                if standby:
+                    raise ValueError(f"PoolManager.scale: {role} standby={standby}: {MIXED_NODE_NO_STANDBY}")
                 return self._scale_mixed_node(role, n)
-            before = self.count(role)
-            if n > before:
-                started, start_s = self._grow({role: n - before})
-                return ScaleResult(role, before, n, started=started, start_s=start_s)
-            if n < before:
-                victims = self.ids(role)[n:][::-1]  # newest first
-                stopped, drain_s = self._shrink(victims)
-                return ScaleResult(role, before, n, stopped=stopped, drain_s=drain_s)
-            return ScaleResult(role, before, n)
+            return self._scale_tiers(role, n, self.standby_count(role) if standby is None else standby)
+
+    def set_standby(self, role: str, n: int) -> ScaleResult:
+        """Set ``role``'s warm standby to ``n`` servers, leaving the active tier as it is."""
+        with self._lock:
+            return self.scale(role, self.count(role), standby=n)
+
+    def _scale_tiers(self, role: Role, n: int, standby: int) -> ScaleResult:
+        """``scale`` in a dedicated pool: promote, cold-start, demote, stop (see ``scale``)."""
+        t0 = self._clock()
+        before, standby_before = self.count(role), self.standby_count(role)
+        promoted: list[str] = []
+        promote_s = 0.0
+        if n > before:
+            promoted = self._promote(role, n - before)
+            promote_s = self._clock() - t0
+        stopped: list[str] = []
+        demoted: tuple[str, ...] = ()
+        drain_s = 0.0
+        if n < before:
+            victims = self.ids(role, "active")[n:][::-1]  # newest first
+            keep = min(len(victims), max(0, standby - self.standby_count(role)))
+            gone, drain_s = self._shrink(victims, demote=victims[:keep])
+            demoted, stopped = tuple(victims[:keep]), list(gone)
+        warm = self.ids(role, "standby")
+        if len(warm) > standby:  # standby never saw the router: stop, no drain
+            extra = warm[standby:][::-1]
+            stopped.extend(self._shrink(extra)[0])
+        cold = max(0, n - self.count(role))
+        cold_standby = max(0, standby - self.standby_count(role))
+        started: tuple[str, ...] = ()
+        start_s = 0.0
+        if cold or cold_standby:
+            started, start_s = self._grow({role: cold}, standby={role: cold_standby})
+        return ScaleResult(
+            role, before, self.count(role),
+            started=tuple(i for i in started if self._members[i].tier == "active"),
+            stopped=tuple(stopped), drain_s=drain_s, start_s=start_s,
+            standby_before=standby_before, standby_after=self.standby_count(role),
+            started_standby=tuple(i for i in started if self._members[i].tier == "standby"),
+            promoted=tuple(promoted), demoted=demoted, promote_s=promote_s,
+        )  # fmt: skip
+
+    def _promote(self, role: Role, k: int) -> list[str]:
+        """Register up to ``k`` warm standby servers of ``role`` (oldest first) with the router. A standby
+        whose process died or whose ``/health`` fails is skipped (``heal`` restarts it; the caller
+        cold-starts what promotion could not cover)."""
+        promoted: list[str] = []
+        for member_id in self.ids(role, "standby"):
+            if len(promoted) == k:
+                break
+            member = self._members[member_id]
+            if not (member.instance.is_running() and self._health(member.instance.url)):
+                _log.warning(
+                    "pool %s: standby %s is down; not promoted (heal restarts it)", self.name, member_id
+                )
+                continue
+            self._register(member)
+            member.tier = "active"
+            promoted.append(member_id)
+        if promoted:
+            self._write_state()
+        return promoted
 
     def _scale_mixed_node(self, role: Role, n: int) -> ScaleResult:
         """``scale`` in a mixed-node pool: prefill = whole nodes; decode = the nodes' own + dedicated ones."""
@@ -524,18 +668,23 @@ class PoolManager:
             extra_args=s.extra_args,
         )
 
-    def _launch(self, role: Role, share: float | None = None, node: str = "") -> _Member:
+    def _launch(
+        self, role: Role, share: float | None = None, node: str = "", tier: Tier = "active"
+    ) -> _Member:
         member_id = f"{_PREFIX[role]}{self._next[role]}"
         self._next[role] += 1
         port = free_port(self.settings.router_host)
-        member = _Member(member_id, self._starter(self._config(role, port, share), self.log_dir), node=node)
+        instance = self._starter(self._config(role, port, share), self.log_dir)
+        member = _Member(member_id, instance, node=node, tier=tier)
         self._members[member_id] = member
         return member
 
-    def _grow(self, wanted: dict[Role, int], nodes: int = 0) -> tuple[tuple[str, ...], float]:
-        """Start ``nodes`` mixed nodes (a prefill and a decode server each) and ``wanted`` dedicated servers
-        per role, all in parallel; wait for health; register the healthy ones. A node whose other half
-        failed is stopped whole."""
+    def _grow(
+        self, wanted: dict[Role, int], nodes: int = 0, standby: dict[Role, int] | None = None
+    ) -> tuple[tuple[str, ...], float]:
+        """Start ``nodes`` mixed nodes (a prefill and a decode server each), ``wanted`` dedicated servers
+        and ``standby`` standby servers per role, all in parallel; wait for health; register the healthy
+        active ones (standby stays out of the router). A node whose other half failed is stopped whole."""
         t0 = self._clock()
         new: list[_Member] = []
         try:
@@ -546,6 +695,8 @@ class PoolManager:
                 new.append(self._launch("decode", self.settings.decode_share, node))
             for role, k in wanted.items():
                 new.extend(self._launch(role) for _ in range(k))
+            for role, k in (standby or {}).items():
+                new.extend(self._launch(role, tier="standby") for _ in range(k))
         except BaseException:  # a launch itself failed: no half node (or half batch) is left behind
             for member in new:
                 member.instance.stop(self.settings.stop_timeout_s)
@@ -568,7 +719,7 @@ class PoolManager:
                 del self._members[member.id]
         start_s = self._clock() - t0
         for member in new:
-            if member.id in self._members:
+            if member.id in self._members and member.tier == "active":
                 self._register(member)
         self._write_state()
         if failures:
@@ -590,8 +741,10 @@ class PoolManager:
         router.call(lambda: router.router.registry.add(spec))
         member.registered = True
 
-    def _shrink(self, victims: list[str]) -> tuple[tuple[str, ...], float]:
-        """Drain ``victims`` in the router (all at once), then stop each one's process group."""
+    def _shrink(self, victims: list[str], demote: list[str] | None = None) -> tuple[tuple[str, ...], float]:
+        """Drain ``victims`` in the router (all at once), then stop each one's process group, except the
+        ``demote`` ones: those stay running, unregistered, as standby. Returns the stopped ids."""
+        demote = demote or []
         router = self._require_router()
         t0 = self._clock()
         events = {
@@ -605,17 +758,22 @@ class PoolManager:
             if not router.wait_event(event, remaining):
                 undrained.append(vid)
         drain_s = self._clock() - t0
-        for vid in victims:
+        for vid in demote:
+            member = self._members[vid]
+            member.registered = False
+            member.tier = "standby"
+        stopped = [vid for vid in victims if vid not in demote]
+        for vid in stopped:
             self._members.pop(vid).instance.stop(self.settings.stop_timeout_s)
             with self._unhealthy_lock:
                 self._unhealthy.pop(vid, None)
         self._write_state()
         if undrained:
             _log.warning(
-                "pool %s: %s still had requests after %.0f s of drain; stopped anyway",
+                "pool %s: %s still had requests after %.0f s of drain; stopped or demoted anyway",
                 self.name, undrained, self.settings.drain_timeout_s,
             )  # fmt: skip
-        return tuple(victims), drain_s
+        return tuple(stopped), drain_s
 
     # ----------------------------------------------------------------- healing
     def _on_unhealthy(self, spec: BackendSpec, reason: str) -> None:
@@ -631,10 +789,14 @@ class PoolManager:
 
     def heal(self) -> list[HealResult]:
         """Restart the servers the router marked unhealthy that are really down (API process exited or
-        ``/health`` failing); ones that answer again are left to the router's own health probe."""
+        ``/health`` failing); ones that answer again are left to the router's own health probe. Every
+        standby server is checked the same way (the router never sees them) and restarted, unregistered,
+        when down."""
         with self._lock:
             with self._unhealthy_lock:
                 marked, self._unhealthy = self._unhealthy, {}
+            for member_id in self.ids(tier="standby"):
+                marked.setdefault(member_id, "")
             healed: list[HealResult] = []
             failures: list[str] = []
             for member_id, reason in sorted(marked.items()):
@@ -642,8 +804,11 @@ class PoolManager:
                 if member is None:  # removed meanwhile
                     continue
                 inst = member.instance
-                if inst.is_running() and _health_ok(inst.url):
+                running = inst.is_running()
+                if running and self._health(inst.url):
                     continue
+                if not reason:  # a standby server: no router verdict, so say what was found
+                    reason = "standby: " + ("/health failed" if running else "API process exited")
                 t0 = self._clock()
                 inst.stop(self.settings.stop_timeout_s)
                 config = replace(inst.config, port=inst.port)
@@ -657,10 +822,11 @@ class PoolManager:
                     healthy_at = self._clock()
                 except InstanceStartError as err:
                     failures.append(f"{member_id}: {err}")
-                    with self._unhealthy_lock:  # try again on the next heal
-                        self._unhealthy.setdefault(member_id, reason)
+                    if member.tier == "active":  # try again on the next heal (standby is checked anyway)
+                        with self._unhealthy_lock:
+                            self._unhealthy.setdefault(member_id, reason)
                     continue
-                healed.append(HealResult(member_id, reason, healthy_at - t0, healthy_at))
+                healed.append(HealResult(member_id, reason, healthy_at - t0, healthy_at, member.tier))
             self.heal_log.extend(healed)
             if failures:
                 raise InstanceStartError(f"pool {self.name}: heal failed for " + "\n".join(failures))
@@ -668,7 +834,7 @@ class PoolManager:
 
     def start_healer(self, poll_s: float = 5.0) -> None:
         """Run ``heal`` in a daemon thread whenever the router reports a server unhealthy (and every
-        ``poll_s`` for earlier failures) until ``down``."""
+        ``poll_s`` for earlier failures, and while the pool has standby servers) until ``down``."""
         if self._healer is not None:
             return
 
@@ -678,7 +844,7 @@ class PoolManager:
                 self._wake.clear()
                 if self._stopping.is_set():
                     return
-                if self.unhealthy():
+                if self.unhealthy() or self.ids(tier="standby"):
                     try:
                         for r in self.heal():
                             _log.warning("pool %s: restarted %s (%s) in %.0f s", self.name, r.id, r.reason,
@@ -710,7 +876,8 @@ class PoolManager:
                 "memory": memory,
                 "router": {"url": self.url, "pid": os.getpid()},
                 "instances": [
-                    {"id": m.id, "role": m.instance.role, "url": m.instance.url, "pid": m.instance.pid,
+                    {"id": m.id, "role": m.instance.role, "tier": m.tier, "url": m.instance.url,
+                     "pid": m.instance.pid,
                      "log": str(m.instance.log_path), "node": m.node or None,
                      "memory_share": m.instance.config.memory_share}
                     for m in self._members.values()
@@ -728,6 +895,7 @@ class PoolManager:
 
 
 __all__ = [
+    "MIXED_NODE_NO_STANDBY",
     "PLACEMENTS",
     "HealResult",
     "Placement",
@@ -735,5 +903,6 @@ __all__ = [
     "PoolSettings",
     "RouterThread",
     "ScaleResult",
+    "Tier",
     "mixed_node_problems",
 ]

@@ -75,6 +75,12 @@ def pool_up_cmd(
     prefill: Annotated[int, typer.Option(min=0, help="Prefill servers (P/D needs >= 1 with --decode).")] = 1,
     decode: Annotated[int, typer.Option(min=0, help="Decode servers.")] = 1,
     mixed: Annotated[int, typer.Option(min=0, help="Mixed (non-disaggregated) servers.")] = 0,
+    standby_prefill: Annotated[
+        int, typer.Option(min=0, help="Warm-standby prefill servers: started and healthy, out of the router.")
+    ] = 0,
+    standby_decode: Annotated[
+        int, typer.Option(min=0, help="Warm-standby decode servers: started and healthy, out of the router.")
+    ] = 0,
     model: Annotated[
         Path | None, typer.Option(help="Model directory; default: build the tiny model under --work-dir.")
     ] = None,
@@ -120,7 +126,16 @@ def pool_up_cmd(
     is the node count; --decode above it adds dedicated decode servers; prefill + decode shares above 0.95,
     or decode below --decode-min-mem-frac (0.3), are refused. The state file records placement and shares.
 
+    --standby-prefill / --standby-decode start warm-standby servers: loaded and healthy but not registered
+    with the router, so they take no traffic until promoted (a router registration, about a millisecond,
+    instead of a cold start of a minute) by ``PoolManager.scale`` in the process that owns the pool
+    (``LocalPoolActuator`` calls it; ``pool up`` itself keeps the counts it was given). The healer
+    restarts a dead standby too. The state file marks each server's tier. Mixed-node placement has no
+    standby tier (refused).
+
     Example: pdscale pool up --prefill 1 --decode 2 --port 8000
+
+    Example: pdscale pool up --prefill 1 --decode 1 --standby-decode 1
 
     Example: pdscale pool up --placement mixed-node --prefill 2 --decode 2 --prefill-mem-frac 0.35
     """
@@ -139,6 +154,10 @@ def pool_up_cmd(
             f"--placement mixed-node: --prefill is the node count (a prefill and a decode server each), so "
             f"--decode ({decode}) must be >= --prefill ({prefill}) and --mixed ({mixed}) 0"
         )
+    if placement == "mixed-node" and (standby_prefill or standby_decode):
+        from serving.pools.manager import MIXED_NODE_NO_STANDBY
+
+        problems.append(f"--standby-prefill/--standby-decode: {MIXED_NODE_NO_STANDBY}")
     if problems:
         raise _fail("; ".join(problems))
     if state_file.exists():
@@ -168,19 +187,26 @@ def pool_up_cmd(
             )
         else:
             console.print(
-                f"starting {prefill} prefill + {decode} decode + {mixed} mixed servers (logs in {work_dir}/logs)"
+                f"starting {prefill} prefill + {decode} decode + {mixed} mixed servers, standby {standby_prefill}"
+                f" prefill + {standby_decode} decode (logs in {work_dir}/logs)"
             )
         try:
-            url = manager.up(prefill=prefill, decode=decode, mixed=mixed)
+            url = manager.up(
+                prefill=prefill,
+                decode=decode,
+                mixed=mixed,
+                standby_prefill=standby_prefill,
+                standby_decode=standby_decode,
+            )
         except (FileNotFoundError, ValueError, RuntimeError) as exc:
             raise _fail(str(exc)) from None
         if heal:
             manager.start_healer()
-        table = Table("id", "role", "node", "memory share", "url", "pid")
+        table = Table("id", "role", "tier", "node", "memory share", "url", "pid")
         for doc in manager.state()["instances"]:
             share = doc["memory_share"]
-            table.add_row(doc["id"], doc["role"], doc["node"] or "-", "-" if share is None else f"{share:g}",
-                          doc["url"], str(doc["pid"]))  # fmt: skip
+            table.add_row(doc["id"], doc["role"], doc["tier"], doc["node"] or "-",
+                          "-" if share is None else f"{share:g}", doc["url"], str(doc["pid"]))  # fmt: skip
         console.print(table)
         console.print(f"router: [bold]{url}[/]   state: {state_file}   stop: Ctrl-C or `pdscale pool down`")
         while True:

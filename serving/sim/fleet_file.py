@@ -25,7 +25,9 @@ Two ways to spend the budget (:func:`replay_fleet`):
 
 - ``shared``: one policy decides every pool in one tick with the whole budget (the controller allocates it
   by SLO risk when it binds; the simulator refuses instances beyond it). Each pool's static share (below) is
-  guaranteed to it: others borrow those GPUs only while it does not plan to use them.
+  guaranteed to it: others borrow those GPUs only while it does not plan to use them. The controller's fleet
+  reserve step is on (``params["fleet_reserve"]``, ``controller.pipeline.FleetBudget``): each pool is held at
+  the SLO floor its last burst needed, and what plans ask beyond the floors is pooled into one reserve.
 - ``static``: the budget is split in proportion to each pool's peak demand in GPUs (the capacity model on
   the trace's busiest 60 s, :func:`serving.sim.replay.static_peak_counts`) and each pool replays alone,
   with its own copy of the policy, inside its share. The figures are summed.
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 SPLITS: tuple[str, ...] = ("shared", "static")
 POOL_PARAMS = "pools"  # the PolicyOptions.params key carrying per-pool policy overrides
 GPU_SHARES = "gpu_shares"  # the PolicyOptions.params key carrying each pool's guaranteed GPUs (shared split)
+FLEET_RESERVE = "fleet_reserve"  # the PolicyOptions.params key switching the controller's fleet reserve step
 
 
 class FleetFileError(ValueError):
@@ -332,6 +335,7 @@ def replay_fleet(
     pool_params: Mapping[str, Mapping[str, Any]] | None = None,
     tick_s: float = 1.0,
     guarantee_shares: bool = True,
+    reserve: bool | Mapping[str, Any] | None = None,
     progress: Callable[[str, float, float], None] | None = None,
 ) -> FleetReplay:
     """Replay every pool's trace under ``policy`` (a registered replay policy name, or a factory as
@@ -342,7 +346,12 @@ def replay_fleet(
     policy's factory as ``params["pools"]`` (only when there are any, so policies without per-pool
     parameters still run plain fleets). ``guarantee_shares`` (shared only): each pool's static share is
     handed to the policy as ``params["gpu_shares"]``, GPUs guaranteed to it: the controller lets other pools
-    borrow them only while it does not plan to use them (False: SLO risk alone decides).
+    borrow them only while it does not plan to use them (False: SLO risk alone decides). ``reserve``: the
+    controller's fleet reserve step (``params["fleet_reserve"]``: true, or a mapping of its settings; see
+    ``controller.pipeline.ReserveSettings``); None = on for ``shared`` (one controller pools the reserves),
+    off for ``static`` (independent controllers, as the issue's baseline); a value applies to both splits (so
+    ``static`` with ``reserve=True`` runs each pool's controller with the same step, alone in its share).
+    An explicit ``params["fleet_reserve"]`` wins over all of this.
     ``progress(label, now_s, end_s)`` is called every tick.
     """
     import time
@@ -357,6 +366,9 @@ def replay_fleet(
     options = dict(params or {})
     if pool_params:
         options[POOL_PARAMS] = {k: dict(v) for k, v in pool_params.items()}
+    use_reserve = (split == "shared") if reserve is None else reserve
+    if use_reserve is not False and FLEET_RESERVE not in options:
+        options[FLEET_RESERVE] = dict(use_reserve) if isinstance(use_reserve, Mapping) else True
     wall0 = time.perf_counter()
     peaks = {p.name: peak_demand_gpus(p, traces[p.name]) for p in fleet.pools}
 

@@ -45,7 +45,8 @@ def test_first_scrape_has_unknown_rates_then_rates_from_deltas() -> None:
     assert second.arrival_rps == pytest.approx(2.0)
     assert second.gen_tps == pytest.approx(20.0)  # 10 tok/s per instance × 2
     assert second.mean_prompt_tokens == pytest.approx(500.0)
-    assert second.running == 4.0 and second.waiting == 2.0
+    assert second.running == 2.0  # decode instances only: a prefilling request is not decoding
+    assert second.waiting == 1.0  # prefill instances only: queued, not yet prefilled
     assert second.kv_usage == pytest.approx(0.4)  # decode instances only
     assert second.complete
 
@@ -80,9 +81,12 @@ def test_missing_counter_is_unknown_not_zero() -> None:
 
 def test_standby_and_provisioning_do_not_serve() -> None:
     agg = LoadAggregator()
-    load = agg.update(_scrape(0.0, [0, 0], [0, 0], states=("active", "standby")), ["default"])["default"]
-    assert load.running == 2.0  # the standby instance's gauge is not load
-    assert load.counts == {"prefill": {"active": 1}, "decode": {"standby": 1}}
+    ids, roles = ("p0", "d0", "d1"), ("prefill", "decode", "decode")
+    scrape = _scrape(0.0, [0] * 3, [0] * 3, states=("standby", "active", "standby"), ids=ids, roles=roles)
+    load = agg.update(scrape, ["default"])["default"]
+    assert load.running == 2.0  # the standby decode instance's gauge is not load
+    assert load.waiting == 0.0  # nor the standby prefill instance's
+    assert load.counts == {"prefill": {"standby": 1}, "decode": {"active": 1, "standby": 1}}
 
 
 BOUNDS = (0.1, 0.25, 0.5, 1.0)
@@ -123,3 +127,38 @@ def test_a_pd_request_routed_twice_counts_once() -> None:
     load = agg.update(_scrape(1.0, [1000.0, 0.0], [4.0, 4.0]), ["default"])["default"]
     assert load.arrival_rps == pytest.approx(4.0)
     assert load.mean_prompt_tokens == pytest.approx(250.0)
+
+
+@pytest.mark.parametrize(
+    ("roles", "running", "waiting"),
+    [
+        (("prefill", "decode", "decode"), 30.0 + 50.0, 1.0),
+        (("prefill", "prefill", "decode"), 50.0, 1.0 + 3.0),
+        (("mixed", "mixed", "mixed"), 7.0 + 30.0 + 50.0, 1.0 + 3.0 + 5.0),
+    ],
+    ids=["pd-two-decode", "pd-two-prefill", "colocated"],
+)
+def test_running_counts_decoders_and_waiting_counts_unprefilled(
+    roles: tuple[str, ...], running: float, waiting: float
+) -> None:
+    """In P/D, a prefill instance's running requests are prefilling (not decoding) and a decode instance's
+    waiting requests are prefilled (waiting for a decode slot, not for a prefill): each gauge is summed over
+    the role that PoolObservation.running_seqs / waiting_requests describe."""
+    ids = ("a", "b", "c")
+    scrape = _scrape(1.0, [0.0] * 3, [0.0] * 3, ids=ids, roles=roles)
+    scrape.gauges[s.NUM_REQUESTS_RUNNING] = np.array([7.0, 30.0, 50.0])
+    scrape.gauges[s.NUM_REQUESTS_WAITING] = np.array([1.0, 3.0, 5.0])
+    load = LoadAggregator().update(scrape, ["default"])["default"]
+    assert load.running == running
+    assert load.waiting == waiting
+
+
+def test_an_unknown_gauge_on_a_counted_role_makes_the_pool_sum_unknown() -> None:
+    scrape = _scrape(
+        1.0, [0.0] * 3, [0.0] * 3, ids=("p0", "p1", "d0"), roles=("prefill", "prefill", "decode")
+    )
+    scrape.gauges[s.NUM_REQUESTS_WAITING] = np.array([1.0, np.nan, 5.0])
+    scrape.gauges[s.NUM_REQUESTS_RUNNING] = np.array([np.nan, np.nan, 5.0])
+    load = LoadAggregator().update(scrape, ["default"])["default"]
+    assert math.isnan(load.waiting), "one prefill instance's waiting is unknown, so the pool's sum is"
+    assert load.running == 5.0  # the prefill instances' unknown running is not part of the decode sum

@@ -257,7 +257,7 @@ def test_forecaster_checkpoint_problems_fall_back_to_the_baseline(
     caplog.set_level(logging.INFO)
     clock = VirtualClock()
     daemon = build_daemon(cfg, DaemonOptions(), clock=clock, source=ScriptedSource(prompt_tps=60_000.0))
-    assert daemon.pipeline.forecaster.name == "holt"
+    assert daemon.pipeline.forecaster.name == "holt"  # the onset detector is off by default
     assert metric(daemon, "pdscale_controller_forecaster_fallback") == 1
     (line,) = events(caplog, "forecaster_fallback")
     assert str(ckpt) in line.getMessage()

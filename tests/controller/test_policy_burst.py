@@ -109,7 +109,7 @@ def _with_reserve(mode: str, rise: float, peak: float, now_s: float = 1000.0) ->
 def test_burst_reserve_stage(
     label: str, mode: str, rise: float, peak: float, prefill: int, standby_prefill: int
 ) -> None:
-    cfg = PolicyConfig(burst_reserve=mode)  # type: ignore[arg-type]  # a Literal from a table
+    cfg = PolicyConfig(burst_reserve=mode)  # a Literal from a table (pydantic validates it)
     p, _, standby, _, reasons = stages.burst_reserve_stage(
         2, 4, obs(), CAP, cfg, _with_reserve(mode, rise, peak)
     )
@@ -223,3 +223,24 @@ def test_decide_clears_a_queue_that_outlives_queue_persist_s() -> None:
         plans[t] = plan.prefill
     assert plans[10] < 10  # young queue: warm instances plus what the lead can clear
     assert plans[35] >= 21  # persistent: 21 instances of need, with headroom
+
+
+@pytest.mark.parametrize(
+    "running", [0.0, 100.0, 1762.0, NAN], ids=["idle", "above-little", "backlog", "unknown"]
+)
+def test_reserve_sizes_decode_from_arrivals_not_from_a_backlog(running: float) -> None:
+    """The reserve's decode need is Little's law on what arrived (10 req/s × 200 tokens at 2,000/64 tok/s
+    per sequence = 64 sequences = 1 instance), whatever the running gauge reads: an overloaded pool's running
+    count is its backlog, and a remembered backlog would hold the pool at its peak for the whole window."""
+    prefill, decode = stages.load_need(obs(running_seqs=running), CAP)
+    assert decode == pytest.approx(1.0)
+    assert prefill == pytest.approx(1.0)
+
+
+def test_the_tick_s_own_target_still_serves_a_backlog_and_says_both_concurrencies() -> None:
+    """The capacity stage (this tick's target, not the reserve) keeps the measured running as a floor: the
+    sequences are there and need slots now. Its reason names both figures, which bench_policies reads."""
+    need = stages.capacity_target(obs(running_seqs=1280.0), CAP, slo_ttft_s=1.0)
+    assert need is not None
+    assert need.decode == pytest.approx(20.0)
+    assert any("running 1280, Little 64" in why for why in need.reasons)

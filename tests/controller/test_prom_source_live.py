@@ -87,8 +87,9 @@ def test_aggregator_rates_from_two_scrapes(prom: PrometheusServer) -> None:
     assert a.arrival_rps == pytest.approx(4.0, rel=0.3)
     assert b.prompt_tps == pytest.approx(MIXED.prompt_tps, rel=0.3)
     assert math.isnan(b.arrival_rps), "no router counter in pool b: arrivals unknown"
-    assert a.running == 9.0 and b.running == 5.0
-    assert math.isnan(a.waiting), "one instance's waiting is unknown, so the pool's sum is"
+    # running: decode and mixed instances only (the prefill instance's 2 are prefilling, not decoding)
+    assert a.running == 7.0 and b.running == 5.0
+    assert a.waiting == 3.0, "prefill and mixed only: the decode instance's (missing) gauge is not in the sum"
     assert a.kv_usage == pytest.approx(0.4) and b.kv_usage == pytest.approx(0.25)
     # every TTFT in (0.1, 0.25]: Prometheus-style interpolation puts p50 half-way, p90 at 9/10
     assert a.ttft_p50_s == pytest.approx(0.175) and a.ttft_p90_s == pytest.approx(0.235)

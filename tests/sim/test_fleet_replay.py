@@ -184,3 +184,28 @@ def test_the_bundled_example_fleet_loads_with_its_traces() -> None:
     assert all(len(t) > 1000 and float(t.arrival_s.max()) < 1000.0 for t in fleet.traces.values())
     split = static_split(fleet.spec, fleet.traces)
     assert sum(split.values()) == fleet.spec.gpu_budget and split["longdoc"] > split["chat"]
+
+
+def test_the_shared_split_turns_the_fleet_reserve_on_and_static_keeps_independent_controllers(
+    tmp_path: Path,
+) -> None:
+    from serving.sim.replay import PolicyOptions, ReplayPolicy, make_policy
+
+    fleet = load_fleet_file(fleet_file(tmp_path))
+    seen: list[dict[str, object]] = []
+
+    def capture(options: PolicyOptions) -> ReplayPolicy:
+        seen.append(dict(options.params))
+        return make_policy("static-peak", options)
+
+    replay_fleet(fleet.spec, fleet.traces, capture, split="shared")
+    assert seen[-1]["fleet_reserve"] is True and "gpu_shares" in seen[-1]
+    seen.clear()
+    replay_fleet(fleet.spec, fleet.traces, capture, split="static")
+    assert [("fleet_reserve" in p) for p in seen] == [False, False]
+    seen.clear()
+    replay_fleet(fleet.spec, fleet.traces, capture, split="static", reserve={"hold_s": 60.0})
+    assert [p["fleet_reserve"] for p in seen] == [{"hold_s": 60.0}] * 2
+    seen.clear()
+    replay_fleet(fleet.spec, fleet.traces, capture, split="shared", reserve=False)
+    assert "fleet_reserve" not in seen[-1]

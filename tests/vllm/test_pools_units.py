@@ -21,6 +21,7 @@ from serving.pools.local import (
     KVTransfer,
     LocalInstance,
     group_pids,
+    instance_env,
     server_command,
     tail_lines,
 )
@@ -230,6 +231,35 @@ def test_kv_transfer_roles_and_errors(tmp_path: Path) -> None:
             nixl.config_json("prefill")
     else:
         assert json.loads(nixl.config_json("prefill"))["kv_role"] == "kv_both"
+
+
+def test_the_default_connector_is_nixl_when_installed_else_the_example_connector(tmp_path: Path) -> None:
+    auto = KVTransfer(shared_storage_path=tmp_path)
+    assert auto.connector == "auto"
+    installed = importlib.util.find_spec("nixl") is not None
+    assert auto.resolved() == ("NixlConnector" if installed else "ExampleConnector")
+    assert json.loads(auto.config_json("decode"))["kv_connector"] == auto.resolved()
+    assert KVTransfer(connector="ExampleConnector").resolved() == "ExampleConnector"
+
+
+def test_a_nixl_server_gets_its_own_side_channel_and_others_none(tmp_path: Path) -> None:
+    ports = iter([41001, 41002])
+    nixl = KVTransfer(connector="NixlConnector")
+    prefill = InstanceConfig(model_dir=tmp_path, role="prefill", kv_transfer=nixl)
+    decode = InstanceConfig(model_dir=tmp_path, role="decode", kv_transfer=nixl)
+    env_p = instance_env(prefill, {}, port_picker=lambda: next(ports))
+    env_d = instance_env(decode, {}, port_picker=lambda: next(ports))
+    assert (env_p["VLLM_NIXL_SIDE_CHANNEL_PORT"], env_d["VLLM_NIXL_SIDE_CHANNEL_PORT"]) == ("41001", "41002")
+    assert env_p["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    example = InstanceConfig(
+        model_dir=tmp_path, role="prefill", kv_transfer=KVTransfer("ExampleConnector", tmp_path)
+    )
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in instance_env(example, {})
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in instance_env(InstanceConfig(model_dir=tmp_path), {})
+    pinned = InstanceConfig(
+        model_dir=tmp_path, role="decode", kv_transfer=nixl, env={"VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"}
+    )
+    assert instance_env(pinned, {})["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"  # the caller's choice wins
 
 
 def _instance(tmp_path: Path, script: str) -> LocalInstance:
