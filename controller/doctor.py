@@ -494,7 +494,8 @@ def judge_rbac(namespace: str, answers: Mapping[str, bool | str], *, leases_name
             f"{where}: denied: {', '.join(denied)}",
             "apply the controller's Role and RoleBinding (`pdscale manifests`, 20-controller.yaml): apps "
             "deployments get/list/watch, deployments/scale get/patch, coordination.k8s.io leases "
-            "get/create/update",
+            "get/create/update; with the router drain marking pods, core pods list/patch "
+            "(`pdscale manifests --router-drain`, or set actuator.router_admin.mark_pods: false)",
         )
     return Check("rbac", "ok", f"{where}: allowed: {', '.join(sorted(answers))}")
 
@@ -1000,6 +1001,11 @@ RBAC_DEPLOYMENTS: tuple[tuple[str, str, str, str], ...] = (
     ("get", "apps", "deployments", "scale"),
     ("patch", "apps", "deployments", "scale"),
 )
+# with the router drain marking pods (actuator.router_admin.mark_pods): the pods it drained get a deletion cost
+RBAC_PODS: tuple[tuple[str, str, str, str], ...] = (
+    ("list", "", "pods", ""),
+    ("patch", "", "pods", ""),
+)
 RBAC_LEASES: tuple[tuple[str, str, str, str], ...] = (
     ("get", "coordination.k8s.io", "leases", ""),
     ("create", "coordination.k8s.io", "leases", ""),
@@ -1007,8 +1013,13 @@ RBAC_LEASES: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-def fetch_rbac(kube: KubeProbe, namespace: str, leases_namespace: str | None) -> dict[str, bool | str]:
+def fetch_rbac(
+    kube: KubeProbe, namespace: str, leases_namespace: str | None, *, pods: bool = False
+) -> dict[str, bool | str]:
+    """SelfSubjectAccessReviews of what the controller needs (``pods``: the router drain's pod marking)."""
     wanted = [(namespace, r) for r in RBAC_DEPLOYMENTS]
+    if pods:
+        wanted += [(namespace, r) for r in RBAC_PODS]
     if leases_namespace is not None:
         wanted += [(leases_namespace, r) for r in RBAC_LEASES]
     out: dict[str, bool | str] = {}
@@ -1058,6 +1069,9 @@ class DoctorInputs:
     window_s: float = DEFAULT_WINDOW_S
     namespace: str = "default"
     leases_namespace: str | None = "default"  # None: leader election not used, leases not checked
+    pods: bool = (
+        False  # the router drain marks pods (actuator.router_admin.mark_pods): pods list/patch checked
+    )
 
     def __post_init__(self) -> None:
         for name in ("tick_s", "window_s"):
@@ -1095,6 +1109,7 @@ class DoctorInputs:
             window_s=window_s,
             namespace=ns,
             leases_namespace=ns if leases else None,
+            pods=cfg.actuator.router_admin is not None and cfg.actuator.router_admin.mark_pods,
         )
 
 
@@ -1286,7 +1301,7 @@ def _kube_checks(
     out = [
         judge_rbac(
             inputs.namespace,
-            fetch_rbac(kube, inputs.namespace, inputs.leases_namespace),
+            fetch_rbac(kube, inputs.namespace, inputs.leases_namespace, pods=inputs.pods),
             leases_namespace=inputs.leases_namespace,
         )
     ]

@@ -559,3 +559,46 @@ def test_run_doctor_on_an_empty_prometheus_compatible_api() -> None:
         (float(r["start"]), float(r["end"])) == (1_700_000_000.0 - 60.0, 1_700_000_000.0) for r in ranges
     )
     assert any("[60000ms]" in params.get("query", "") for path, params in prom.asked if path == "query")
+
+
+class _AccessProbe:
+    """Answers access reviews from an allow-list of (verb, resource) and records what was asked."""
+
+    def __init__(self, allowed: set[tuple[str, str]]) -> None:
+        self.allowed = allowed
+        self.asked: list[tuple[str, str]] = []
+
+    def can(self, namespace: str, verb: str, group: str, resource: str, subresource: str = "") -> bool:
+        name = f"{resource}/{subresource}" if subresource else resource
+        self.asked.append((verb, name))
+        return (verb, name) in self.allowed
+
+    def deployments(self, namespace: str, pool: str) -> list[tuple[str, str, str]]:
+        return []
+
+
+def test_rbac_checks_pods_only_when_the_router_drain_marks_pods() -> None:
+    from controller.config import ControllerConfig
+    from controller.doctor import fetch_rbac
+
+    base = {("list", "deployments"), ("get", "deployments/scale"), ("patch", "deployments/scale")}
+    probe = _AccessProbe(base)
+    plain = fetch_rbac(probe, "llm", None)
+    assert (
+        not any("pods" in k for k in plain)
+        and judge_rbac("llm", plain, leases_namespace=None).verdict == "ok"
+    )
+    marked = fetch_rbac(probe, "llm", None, pods=True)
+    check = judge_rbac("llm", marked, leases_namespace=None)
+    assert check.verdict == "fail" and "list pods" in check.detail and "--router-drain" in check.fix
+    allowed = fetch_rbac(_AccessProbe(base | {("list", "pods"), ("patch", "pods")}), "llm", None, pods=True)
+    assert judge_rbac("llm", allowed, leases_namespace=None).verdict == "ok"
+
+    doc = {
+        "source": {"kind": "prometheus", "url": "http://prom:9090"},
+        "actuator": {"kind": "kubernetes", "router_admin": {"pools": {"default": {"url": "http://r"}}}},
+    }
+    assert DoctorInputs.build(ControllerConfig.model_validate(doc)).pods is True
+    doc["actuator"]["router_admin"]["mark_pods"] = False  # type: ignore[index]
+    assert DoctorInputs.build(ControllerConfig.model_validate(doc)).pods is False
+    assert DoctorInputs.build(None).pods is False
