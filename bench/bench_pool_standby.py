@@ -23,21 +23,17 @@ counted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from serving.pools.local import InstanceConfig, LocalInstance, free_port
 from serving.pools.manager import PoolManager, PoolSettings
@@ -119,38 +115,6 @@ def run(kind: str, cycles: int) -> dict[str, Any]:
     }
 
 
-class _Load:
-    """``workers`` closed-loop clients of non-streamed completions; rows of (sent, backend, ok)."""
-
-    def __init__(self, url: str, prompts: list[list[int]], workers: int) -> None:
-        self.url, self.prompts, self.workers = url, prompts, workers
-        self.rows: list[tuple[float, str, bool]] = []
-        self.stop_flag = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    async def _worker(self, client: httpx.AsyncClient, k: int) -> None:
-        from serving.pools.loadgen import completion_body
-
-        i = k
-        while not self.stop_flag.is_set():
-            sent = time.monotonic()
-            try:
-                body = completion_body(self.prompts[i % len(self.prompts)], 8, stream=False)
-                resp = await client.post(f"{self.url}/v1/completions", json=body)
-                ok, backend = resp.status_code == 200, resp.headers.get("x-pdscale-backend", "")
-            except httpx.HTTPError:
-                ok, backend = False, ""
-            self.rows.append((sent, backend, ok))
-            i += self.workers
-
-    async def _main(self) -> None:
-        async with httpx.AsyncClient(timeout=300) as client:
-            await asyncio.gather(*(self._worker(client, k) for k in range(self.workers)))
-
-    def served(self, backend: str, since: float) -> int:
-        return sum(1 for s, b, ok in list(self.rows) if b == backend and ok and s >= since)
-
-
 def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> float:
     t0 = time.monotonic()
     while not cond():
@@ -180,9 +144,9 @@ def run_real(workers: int) -> dict[str, Any]:
             t0 = time.monotonic()
             url = manager.up(prefill=1, decode=1, standby_decode=1)
             out["up_1p_1d_1standby_s"] = round(time.monotonic() - t0, 1)
-            load = _Load(
-                url, make_prompts([150, 170, 140, 200], normal_token_ids(model_dir), seed=1), workers
-            )
+            from bench_pool_manager import Load  # the same closed-loop load as the pool-manager bench
+
+            load = Load(url, make_prompts([150, 170, 140, 200], normal_token_ids(model_dir), seed=1), workers)
             load.thread.start()
             _wait(lambda: load.served("d0", 0) >= 3, 120, "first requests")
             if load.served("d1", 0):
@@ -208,9 +172,9 @@ def run_real(workers: int) -> dict[str, Any]:
             load.thread.join(330)
             out["d1_requests_sent_after_demotion"] = load.served("d1", t_down)
             out["requests"] = len(load.rows)
-            out["failed"] = sum(1 for r in load.rows if not r[2])
+            out["failed"] = sum(1 for r in load.rows if not r[3])  # rows: (sent, done, backend, ok)
             out["by_backend"] = {
-                b: sum(1 for r in load.rows if r[1] == b) for b in sorted({r[1] for r in load.rows})
+                b: sum(1 for r in load.rows if r[2] == b) for b in sorted({r[2] for r in load.rows})
             }
         finally:
             manager.down()
