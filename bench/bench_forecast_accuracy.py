@@ -9,6 +9,9 @@ Prints a Markdown section for docs/BENCHMARKS.md.
 
 ``--detector-speed``: the streaming onset detector's cost per tick for 1,000 and 10,000 nodes.
 
+``--candidates NAME=PATH ... [--mmpp]``: candidate checkpoints beside the shipped one on the hold-outs
+(arrivals MAE against the best baseline and the noise floor, coverage, burst scores).
+
 ``--blend``: MAE of fixed blends of the learned p50 with a baseline's (Azure traces; a negative result).
 
 ``--bursts``: burst-onset scores only (no ARIMA), on the Azure hold-outs AND traces the project never tuned
@@ -381,6 +384,79 @@ def blend_main(score_from: str) -> None:
             )
 
 
+def candidates_main(specs: list[str], json_out: Path | None, score_from: str, with_mmpp: bool) -> None:
+    """Score candidate checkpoints side by side with the shipped one and the baselines, on hold-outs only.
+
+    ``specs``: ``NAME=PATH`` (a ``train-forecaster fit`` output). Azure code / conv: the last 30 % (never read
+    by ``fit`` at ``--holdout-frac 0.3``), every baseline including ARIMA; MMPP (``--mmpp``): the synthetic
+    traces of ``--bursts`` (seeds 100–103, never trained on: ``fit``'s synthetic traces use other seeds), last
+    30 %, baselines without ARIMA. Rows: next-5-s arrivals MAE, its ratio to the best baseline on that trace
+    and to the Poisson floor, p90 coverage, the model's own burst head and head+detector (recall within 3 s,
+    precision, mean lead; thresholds tuned on the history by ``evaluate``). The learned models run their
+    full-sequence forward (``evaluate(offline=True)``, equal to stepping: tests/training/test_fit_variants.py).
+    """
+    import torch
+
+    from forecaster.streaming import LearnedForecaster
+
+    torch.set_num_threads(1)
+    models: dict[str, LearnedForecaster] = {}
+    ckpt = default_checkpoint()
+    if ckpt is not None:
+        models["shipped"] = LearnedForecaster.load(ckpt)
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        if not path:
+            raise SystemExit(f"--candidates takes NAME=PATH, got {spec!r}")
+        models[name] = LearnedForecaster.load(Path(path))
+    traces = {key: read_trace(find_trace(name)) for key, name in TRACES.items()}
+    if with_mmpp:
+        mmpp, _ = burst_traces()
+        traces |= {k: v for k, v in mmpp.items() if k.startswith("mmpp")}
+    lines = [
+        "| trace | model | MAE | / best baseline | / noise floor | coverage p90 | burst recall (3 s) | precision | "
+        "mean lead s | +detector recall / precision |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    doc: dict[str, dict[str, dict[str, float]]] = {}
+    for key, trace in traces.items():
+        t0 = time.perf_counter()
+        base = evaluate(trace, score_from=score_from, with_arima=key in TRACES, use_default_checkpoint=False)
+        best_name = min(base.models, key=lambda k: base.models[k].mae)
+        best = base.models[best_name].mae
+        floor = base.noise_floor_mae
+        lines.append(
+            f"| {key} | {best_name} (best baseline) | {fmt(best)} | 1.000 | {fmt(best / floor)} | "
+            f"{fmt(base.models[best_name].coverage_p90, 3)} | | | | |"
+        )
+        doc[key] = {"_baseline": {"name_" + best_name: best, "noise_floor": floor}}
+        for name, lf in models.items():
+            r = evaluate(trace, score_from=score_from, with_arima=False, learned=lf, offline=True)
+            s, b = r.models["learned"], r.burst
+            _, comb = r.burst_detectors[f"{r.burst_model}+onset"]
+            lines.append(
+                f"| {key} | {name} | {fmt(s.mae)} | {s.mae / best:.3f} | {fmt(s.mae / floor)} | "
+                f"{fmt(s.coverage_p90, 3)} | {fmt(b.recall)} | {fmt(b.precision)} | {fmt(b.mean_lead_s, 1)} | "
+                f"{fmt(comb.recall)} / {fmt(comb.precision)} |"
+            )
+            doc[key][name] = {
+                "mae": s.mae,
+                "ratio_best_baseline": s.mae / best,
+                "ratio_floor": s.mae / floor,
+                "coverage_p90": s.coverage_p90,
+                "burst_recall": b.recall,
+                "burst_precision": b.precision,
+                "onsets": float(b.onsets),
+                "combined_recall": comb.recall,
+                "combined_precision": comb.precision,
+            }
+        print(f"{key}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print("\n".join(lines))
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, help="also write every figure as JSON here")
@@ -388,7 +464,17 @@ def main() -> None:
     ap.add_argument("--bursts", action="store_true", help="burst-onset scores on more traces (see the doc)")
     ap.add_argument("--detector-speed", action="store_true", help="per-tick cost of the streaming detector")
     ap.add_argument("--blend", action="store_true", help="MAE of learned/baseline p50 blends (Azure traces)")
+    ap.add_argument(
+        "--candidates",
+        nargs="+",
+        metavar="NAME=PATH",
+        help="score these checkpoints beside the shipped one on the hold-outs (see candidates_main)",
+    )
+    ap.add_argument("--mmpp", action="store_true", help="with --candidates: also the synthetic MMPP traces")
     args = ap.parse_args()
+    if args.candidates:
+        candidates_main(args.candidates, args.json, args.score_from, args.mmpp)
+        return
     if args.blend:
         blend_main(args.score_from)
         return

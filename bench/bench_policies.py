@@ -24,6 +24,13 @@ until the learned checkpoint lands) so before/after rows compare policy logic, n
 ``--decompose`` prints, after each predictive row, its GPU-seconds stage by stage and role by role (read back
 from the plans' reasons) beside the oracle's, and the measured decode concurrency against Little's law.
 
+``oracle@slo`` is the oracle with the least headroom h (bisection over [0, 3], at most 8 replays) at which it
+meets ``--slo-target`` (default 0.99): an SLO-matched reference, since the plain oracle (the issue's fluid floor,
+no headroom) misses the SLO on bursty traces. Its row names h; every row shows GPU-s / oracle@slo beside / oracle.
+
+``--time-split F`` adds two columns: SLO attainment of the requests arriving after fraction F of the trace, and
+the GPU-s held from that time on (nothing is fitted, so this tells whether the late part behaves like the early).
+
 The figures are deterministic (seeded traces, virtual clock); only the wall seconds depend on the machine.
 
 Run: .venv/bin/python bench/bench_policies.py [--workloads code,conv,sine,mmpp] [--policies ...]
@@ -61,7 +68,10 @@ from serving.workload.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT / "datasets" / "azure2023"
-POLICIES = ("oracle", "static-peak", "reactive", "dynamo-like", "predictive")
+POLICIES = ("oracle", "oracle@slo", "static-peak", "reactive", "dynamo-like", "predictive")
+ORACLE_SLO_MAX_H = 3.0
+CHURN_FEW = 10  # a cold start released having served fewer requests than this was churn
+ORACLE_SLO_REPLAYS = 8
 
 
 def _azure(kind: str) -> Path:
@@ -150,6 +160,49 @@ def make(name: str, forecaster: str, params: dict[str, Any]) -> ReplayPolicy:
             return PredictivePolicy(cfg, forecaster=holt)
         return PredictivePolicy(cfg)
     return make_policy(name, PolicyOptions())
+
+
+def scored(rep: ReplayReport, fleet: FleetSpec, after_s: float) -> float:
+    """SLO attainment of the requests a row is scored on: all of them, or those arriving from ``after_s``."""
+    return rep.slo_attainment if after_s <= 0 else attainment_after(rep, fleet, after_s)
+
+
+def gpu_seconds_after(rep: ReplayReport, fleet: FleetSpec, after_s: float) -> float:
+    """GPU-seconds held from ``after_s`` on, from the replay's per-tick timeline (instances holding GPUs)."""
+    if rep.timeline is None:
+        return float("nan")
+    t, held = rep.timeline.t_s, rep.timeline.holding_gpu.astype(np.float64)
+    dt = np.diff(t, append=t[-1])
+    gpus = get_profile(fleet.pools[0].profile).gpus
+    return float((held * dt)[t >= after_s].sum() * gpus)
+
+
+def oracle_at_slo(
+    trace: Trace, fleet: FleetSpec, target: float, after_s: float = 0.0
+) -> tuple[float | None, ReplayReport]:
+    """The least oracle headroom h in [0, ORACLE_SLO_MAX_H] whose replay meets ``target`` (bisection, at most
+    ORACLE_SLO_REPLAYS replays, to within the last bracket) and its report; (None, the h = max report) when
+    even the most headroom misses the target."""
+    from controller.replay_policies import OraclePolicy
+
+    def attempt(h: float) -> ReplayReport:
+        return run("oracle@slo", trace, fleet, OraclePolicy(headroom=h))
+
+    hi, best = ORACLE_SLO_MAX_H, attempt(ORACLE_SLO_MAX_H)
+    if scored(best, fleet, after_s) < target:
+        return None, best
+    lo_rep = attempt(0.0)
+    if scored(lo_rep, fleet, after_s) >= target:
+        return 0.0, lo_rep
+    lo = 0.0
+    for _ in range(ORACLE_SLO_REPLAYS - 2):
+        mid = (lo + hi) / 2
+        rep = attempt(mid)
+        if scored(rep, fleet, after_s) >= target:
+            hi, best = mid, rep
+        else:
+            lo = mid
+    return hi, best
 
 
 def run(name: str, trace: Trace, fleet: FleetSpec, policy: ReplayPolicy) -> ReplayReport:
@@ -269,6 +322,37 @@ def decompose(decisions: list[tuple[float, ScalingPlan]], gpus: int) -> dict[str
     return {"added": added, "running_over_little": running_s / little_s if little_s > 0 else math.nan}
 
 
+class ChurnProbe:
+    """Wraps a replay policy to keep a reference to the simulator it drives (through the view's bound scrape
+    method; read-only), so the cold starts can be counted after the replay: instances started after t = 0,
+    and how many requests each was routed before it was released."""
+
+    def __init__(self, inner: ReplayPolicy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.sim: Any = None
+
+    def reset(self, fleet: FleetSpec, traces: Any) -> None:
+        self.inner.reset(fleet, traces)
+
+    def on_tick(self, now_s: float, view: Any) -> Any:
+        if self.sim is None:
+            self.sim = getattr(view.scrape, "__self__", None)
+        return self.inner.on_tick(now_s, view)
+
+    def cold_starts(self, few: int) -> tuple[int, int, int]:
+        """(cold starts, those released having served no request, those released having served < few)."""
+        if self.sim is None:
+            return 0, 0, 0
+        cold = [i for i in self.sim.instances if i.t_alloc_s > 0]
+        gone = [i for i in cold if math.isfinite(i.t_release_s)]
+        return (
+            len(cold),
+            sum(1 for i in gone if i.router_requests_total == 0),
+            sum(1 for i in gone if i.router_requests_total < few),
+        )
+
+
 def oracle_by_role(trace: Trace, fleet: FleetSpec) -> tuple[float, float]:
     """The oracle's instance-seconds per role (prefill, decode): its per-second need held over one cold
     start ahead, floored at 1, as OraclePolicy sets it (GPUs per instance not applied)."""
@@ -282,7 +366,9 @@ def oracle_by_role(trace: Trace, fleet: FleetSpec) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def print_decomposition(wl: str, trace: Trace, fleet: FleetSpec, policy: ReplayPolicy) -> None:
+def print_decomposition(
+    wl: str, trace: Trace, fleet: FleetSpec, policy: ReplayPolicy, probe: ChurnProbe | None = None
+) -> None:
     """Where the predictive policy's GPU-seconds go, stage by stage and role by role, against the oracle."""
     assert isinstance(policy, PredictivePolicy)
     gpus = get_profile(fleet.pools[0].profile).gpus
@@ -297,6 +383,12 @@ def print_decomposition(wl: str, trace: Trace, fleet: FleetSpec, policy: ReplayP
     print(f"| **total planned** | {tot[0]:,.0f} | {tot[1]:,.0f} |")
     print(f"| oracle (need held one cold start) | {o_p * gpus:,.0f} | {o_d * gpus:,.0f} |")
     print(f"measured decode running / Little's law (time-weighted): {d['running_over_little']:.2f}")
+    if probe is not None:
+        n, zero, few = probe.cold_starts(CHURN_FEW)
+        print(
+            f"cold starts: {n}; released having served no request: {zero}, fewer than {CHURN_FEW}: {few}"
+            " (started for a burst that was over before they served)"
+        )
 
 
 def main() -> None:
@@ -313,6 +405,16 @@ def main() -> None:
     )
     ap.add_argument("--decide-cost", action="store_true", help="only time decide() with an hour of state")
     ap.add_argument(
+        "--slo-target", type=float, default=0.99, help="the SLO attainment oracle@slo must reach (0..1)"
+    )
+    ap.add_argument(
+        "--time-split",
+        type=float,
+        default=None,
+        metavar="F",
+        help="also score only the requests arriving after fraction F (0..1) of each trace, and the GPU-s then",
+    )
+    ap.add_argument(
         "--decompose", action="store_true", help="after each predictive row, its GPU-s stage by stage"
     )
     args = ap.parse_args()
@@ -320,31 +422,57 @@ def main() -> None:
         decide_cost()
         return
     params = _parse_params(args.params)
-    print(
-        f"| workload | policy | label | SLO attained | SLO after {args.warmup_s:.0f} s | GPU-s | / oracle |"
-        " / static-peak | TTFT p99 ms | ITL p99 ms | wall s |"
+    if not 0.0 < args.slo_target <= 1.0:
+        ap.error(f"--slo-target must be in (0, 1], got {args.slo_target}")
+    if args.time_split is not None and not 0.0 <= args.time_split < 1.0:
+        ap.error(f"--time-split must be in [0, 1), got {args.time_split}")
+    split = (
+        ""
+        if args.time_split is None
+        else f" SLO after {args.time_split:g} | GPU-s after {args.time_split:g} |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        f"| workload | policy | label | SLO attained | SLO after {args.warmup_s:.0f} s |{split} GPU-s | / oracle |"
+        " / oracle@slo | / static-peak | TTFT p99 ms | ITL p99 ms | wall s |"
+    )
+    print(
+        "|---|---|---|---|---|" + "---|---|" * (args.time_split is not None) + "---|---|---|---|---|---|---|"
+    )
     for wl in args.workloads.split(","):
         trace, fleet = workload(wl, args.duration_s, args.sine_period_s)
+        split_s = 0.0 if args.time_split is None else args.time_split * float(trace.arrival_s[-1])
         results: dict[str, ReplayReport] = {}
         for pol in args.policies.split(","):
             t0 = time.perf_counter()
-            policy = make(pol, args.forecaster, params)
-            results[pol] = rep = run(wl, trace, fleet, policy)
+            name = pol
+            if pol == "oracle@slo":
+                h, rep = oracle_at_slo(trace, fleet, args.slo_target)
+                name = (
+                    f"oracle@slo (h={h:.3f})"
+                    if h is not None
+                    else f"oracle@slo (unreachable at h={ORACLE_SLO_MAX_H:g})"
+                )
+            else:
+                policy = make(pol, args.forecaster, params)
+                probe = ChurnProbe(policy)
+                rep = run(wl, trace, fleet, probe if args.decompose else policy)
+            results[pol] = rep
             wall = time.perf_counter() - t0
-            floor = results.get("oracle")
-            static = results.get("static-peak")
-            r_o = f"{rep.gpu_seconds / floor.gpu_seconds:.2f}" if floor else "-"
-            r_s = f"{rep.gpu_seconds / static.gpu_seconds:.2f}" if static else "-"
+            ratios = []
+            for ref in ("oracle", "oracle@slo", "static-peak"):
+                base = results.get(ref)
+                ratios.append(f"{rep.gpu_seconds / base.gpu_seconds:.2f}" if base else "-")
+            late = ""
+            if args.time_split is not None:
+                late = f" {attainment_after(rep, fleet, split_s):.2%} | {gpu_seconds_after(rep, fleet, split_s):,.0f} |"
             print(
-                f"| {wl} | {pol} | {args.label} | {rep.slo_attainment:.2%} | "
-                f"{attainment_after(rep, fleet, args.warmup_s):.2%} | {rep.gpu_seconds:,.0f} | {r_o} | "
-                f"{r_s} | {rep.ttft_ms['p99']:,.0f} | {rep.itl_ms['p99']:,.1f} | {wall:.0f} |",
+                f"| {wl} | {name} | {args.label} | {rep.slo_attainment:.2%} | "
+                f"{attainment_after(rep, fleet, args.warmup_s):.2%} |{late} {rep.gpu_seconds:,.0f} | "
+                f"{' | '.join(ratios)} | {rep.ttft_ms['p99']:,.0f} | {rep.itl_ms['p99']:,.1f} | {wall:.0f} |",
                 flush=True,
             )
             if args.decompose and pol == "predictive":
-                print_decomposition(wl, trace, fleet, policy)
+                print_decomposition(wl, trace, fleet, policy, probe)
 
 
 if __name__ == "__main__":

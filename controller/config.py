@@ -23,9 +23,10 @@ class PolicyConfig(BaseModel):
     """Parameters of the predictive policy for one pool. Defaults come from the seed articles where they
     give one (claims, not measurements: tune them with ``pdscale tune``). Fields added after the seed
     (``standby_sizing``, ``provision_lead_s``, ``max_scale_down_fraction_per_min``, ``burst_reserve``,
-    ``queue_persist_s``, ``load_smoothing_s``) ship defaults chosen by the side-by-side replays of ``bench/bench_policies.py``
-    (docs/BENCHMARKS.md, "Scaling policies side by side"); setting them to 'flat', 0, 0, 'off' and
-    ``queue_persist_s=3600`` gives the seed's policy back (``load_smoothing_s`` is off by default)."""
+    ``queue_persist_s``, ``load_smoothing_s``, ``burst_hold``, ``short_burst_cap``, ``offered_at_arrival``)
+    ship defaults chosen by the side-by-side replays of ``bench/bench_policies.py`` (docs/BENCHMARKS.md,
+    "Scaling policies side by side"); setting them to 'flat', 0, 0, 'off', ``queue_persist_s=3600``, 0,
+    'off', False and True gives the seed's policy back."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -49,6 +50,16 @@ class PolicyConfig(BaseModel):
             " ((p90 - p50) / p90 over the p90 need) would need beyond the active target, held like active"
             " replicas for max(scale_down_delay_s, provision_lead_s) before it falls. Measured on Azure conv: a"
             " flat 2 decode standby was ~2 of the ~5 GPUs held (bench/bench_policies.py, docs/BENCHMARKS.md)"
+        ),
+    )
+    standby_counts_spare: bool = Field(
+        True,
+        description=(
+            "warm capacity the active target already holds beyond what the stages want (kept by the scale-down"
+            " window or the burst hold) counts toward the standby target: standby = max(0, sized standby -"
+            " (final active - wanted active)). An active replica absorbs a burst at least as fast as a standby"
+            " one and costs the same GPU-seconds; when the window releases it, it drains back to standby"
+            " without a cold start. False: standby on top of the held active replicas (session 2's rule)"
         ),
     )
     burst_reserve: Literal["off", "standby", "active"] = Field(
@@ -91,6 +102,57 @@ class PolicyConfig(BaseModel):
             " only gets what it can clear over provision_lead_s). Default: one cold start. Measured: 120 s"
             " changes nothing on code/conv/mmpp and lifts Mooncake 63 -> 68 % (+15 % GPU-s); 60 s lifts it"
             " to 74 % but costs +27 % GPU-s on mmpp for nothing"
+        ),
+    )
+    offered_at_arrival: bool = Field(
+        True,
+        description=(
+            "also take the prompt load as arrivals × mean prompt length while requests wait, even when the"
+            " observation says prompt_tps is already counted at arrival (the router's prompt counter): True ="
+            " the max of both estimates (the upward bias measured below); False = the router's counter alone"
+            " when it is there (the offered estimate still applies when only the prefilled-token counter is)"
+        ),
+    )
+    burst_hold: Literal["off", "survival"] = Field(
+        "survival",
+        description=(
+            "'survival': after a burst (a 5-s block whose measured need exceeds the window's median by more"
+            " than the headroom and by at least one instance), capacity is not released while the empirical"
+            " probability of the next burst starting within one cold start (provision_lead_s), given the time"
+            " since the last one, is at least burst_hold_probability (inter-burst gap survival over the burst"
+            " window; unknown until burst_hold_min_gaps gaps are seen, and held then), for at most"
+            " burst_hold_max_s. Traffic without bursts is never held; 'off': the scale-down delay alone"
+        ),
+    )
+    burst_hold_probability: float = Field(
+        0.5, gt=0.0, le=1.0, description="hold while P(next burst within one cold start) is at least this"
+    )
+    burst_hold_max_s: float = Field(
+        300.0,
+        ge=0.0,
+        le=3600.0,
+        description="the longest a burst hold lasts after the burst (300 s: HPA's scale-down window)",
+    )
+    short_burst_cap: bool = Field(
+        True,
+        description=(
+            "during a burst (the current load need is 'high', as for burst_hold), start no cold capacity for it"
+            " while the empirical probability that it outlasts one more cold start, given how long it has"
+            " lasted, is below burst_hold_probability (survival of the durations of the bursts seen; needs"
+            " burst_hold_min_gaps + 1 bursts): an instance asked for now serves provision_lead_s later, after"
+            " such a burst. The warm fleet and standby serve it; a persistent queue (queue_persist_s) lifts the cap."
+            " Measured with the learned forecaster (bench/bench_policies.py): Azure code 29,525 -> 24,258 GPU-s"
+            " at the same SLO; with burst_hold 99.51 % at 24,766 (reactive: 99.51 % at 25,041)"
+        ),
+    )
+    burst_hold_min_gaps: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description=(
+            "gaps between bursts seen before the survival estimate is trusted (1, measured on six workloads"
+            " against 2 and 3: Azure code -5 % GPU-s, the 600-s sinusoid +6 SLO points, no SLO lost elsewhere"
+            " beyond 0.03 points; docs/BENCHMARKS.md)"
         ),
     )
     burst_threshold: float = Field(

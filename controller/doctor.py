@@ -41,7 +41,7 @@ from controller.sources.prometheus import (
     identify,
     query_range_chunked,
 )
-from forecaster.features import DEFAULT_SCHEMA, FeatureError, FeatureSchema
+from forecaster.features import DEFAULT_SCHEMA, POOL_SCHEMA, FeatureError, FeatureSchema
 from serving.sim import samples as names
 
 Verdict = Literal["ok", "warn", "fail", "skip"]
@@ -434,7 +434,9 @@ def judge_checkpoint(
         trained = trained_channel_names(doc["normalizer"])
     except (FeatureError, KeyError, TypeError, ValueError) as err:
         return Check(name, "fail", f"{path}: invalid metadata: {err}", "retrain or re-export the checkpoint")
-    diffs = DEFAULT_SCHEMA.diff(schema)
+    diffs = (
+        [] if schema == POOL_SCHEMA else DEFAULT_SCHEMA.diff(schema)
+    )  # both schemas load (v2: pool descriptors)
     ident = f"{path.name} {doc.get('model_version', '?')} (horizon {doc.get('horizon_s', '?')} s)"
     if diffs:
         return Check(

@@ -190,6 +190,7 @@ def build_observation(
         mean_output_tokens=lengths.output_ewma,
         forecast=forecast,
         complete=load.complete,
+        prompt_at_arrival=load.prompt_at_arrival,
     )
 
 

@@ -384,8 +384,17 @@ class OraclePolicy:
 
     name: str = "oracle"
     window_s: float = 5.0
+    # per-second needs × (1 + headroom) before the ceil: 0 is the issue's fluid floor; the least headroom at
+    # which the oracle meets the SLO is the "SLO-matched" reference (bench/bench_policies.py, oracle@slo)
+    headroom: float = 0.0
     needs: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     lead_s: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.headroom) and 0.0 <= self.headroom <= 10.0):
+            raise ValueError(
+                f"oracle parameter 'headroom' must be a number in [0, 10], got {self.headroom!r}"
+            )
 
     def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
         _require_disaggregated(fleet, self.name)
@@ -394,7 +403,7 @@ class OraclePolicy:
             trace = traces.get(pool.name)
             if trace is None or len(trace) == 0:
                 continue
-            self.needs[pool.name] = oracle_needs(pool, trace, self.window_s)
+            self.needs[pool.name] = oracle_needs(pool, trace, self.window_s, self.headroom)
             self.lead_s[pool.name] = get_profile(pool.profile).cold_start_s
 
     def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
@@ -410,8 +419,11 @@ class OraclePolicy:
         return out
 
 
-def oracle_needs(pool: PoolSpec, trace: Trace, window_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per-second instances needed (prefill, decode), from the trace's true future load."""
+def oracle_needs(
+    pool: PoolSpec, trace: Trace, window_s: float, headroom: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-second instances needed (prefill, decode), from the trace's true future load, × (1 + headroom)
+    before the ceil."""
     from controller.capacity import pool_capacity
 
     prompt = np.maximum(trace.prompt_tokens, 1).astype(np.float64)
@@ -430,9 +442,10 @@ def oracle_needs(pool: PoolSpec, trace: Trace, window_s: float) -> tuple[np.ndar
     w = max(int(window_s), 1)
     kernel = np.ones(w) / w
     prompt_tps = np.convolve(prompt_per_s, kernel, mode="full")[:n_sec]  # trailing mean over the window
-    prefill = np.ceil(prompt_tps / cap.prefill_tps - 1e-9)
+    scale = 1.0 + headroom
+    prefill = np.ceil(scale * prompt_tps / cap.prefill_tps - 1e-9)
     decode = np.ceil(
-        np.maximum(concurrency / cap.decode_seqs, concurrency * per_seq_tps / cap.decode_tps) - 1e-9
+        scale * np.maximum(concurrency / cap.decode_seqs, concurrency * per_seq_tps / cap.decode_tps) - 1e-9
     )
     return prefill, decode
 
@@ -532,8 +545,19 @@ def _predictive(options: PolicyOptions) -> ReplayPolicy:
 
 
 def _oracle(options: PolicyOptions) -> ReplayPolicy:
+    """``--param headroom=H`` (H in [0, 10], default 0: the issue's floor) scales the oracle's needs."""
     _no_counts(options, "oracle")
-    return OraclePolicy()
+    unknown = sorted(set(options.params) - {"headroom"})
+    if unknown:
+        raise ValueError(f"policy 'oracle' takes only the parameter 'headroom', got {unknown}")
+    raw = options.params.get("headroom", 0.0)
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise ValueError(f"oracle parameter 'headroom' must be a number, got {raw!r}")
+    try:
+        headroom = float(raw)
+    except ValueError:
+        raise ValueError(f"oracle parameter 'headroom' must be a number, got {raw!r}") from None
+    return OraclePolicy(headroom=headroom)
 
 
 register_policy("reactive", _reactive)

@@ -29,6 +29,16 @@ import numpy as np
 from forecaster.types import CHANNELS, TARGETS, MetricFrame
 
 FEATURE_SCHEMA_VERSION = 1
+#: Schema version 2 adds per-pool workload descriptors (``FeatureSchema.descriptors``); version-1 schemas
+#: (no descriptors) stay valid, so older checkpoints load unchanged.
+POOL_SCHEMA_VERSION = 2
+
+# Per-pool workload descriptors: exponentially weighted over the node's own history (half-life
+# POOL_HALFLIFE_S), computed by the forecaster itself from the arrival / token rate channels (see
+# ``descriptor_series`` and ``DescriptorState``), so they need no input from the caller and generalise to
+# pools never seen in training (unlike a pool-id embedding).
+POOL_DESCRIPTORS: tuple[str, ...] = ("pool_dispersion", "pool_prompt_len", "pool_output_len")
+POOL_HALFLIFE_S = 600.0
 
 # Time features computed from ``now_s`` (seconds since the Unix epoch, UTC): time of day on the unit circle.
 TIME_FEATURES: tuple[str, ...] = ("tod_sin", "tod_cos")
@@ -79,8 +89,23 @@ class FeatureSchema:
     targets: tuple[str, ...] = TARGETS
     step_s: float = 1.0
     version: int = FEATURE_SCHEMA_VERSION
+    descriptors: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        bad = [d for d in self.descriptors if d not in POOL_DESCRIPTORS]
+        if bad or len(set(self.descriptors)) != len(self.descriptors):
+            raise FeatureError(
+                f"FeatureSchema.descriptors: unknown or repeated {list(self.descriptors)}, known {list(POOL_DESCRIPTORS)}"
+            )
+        if self.descriptors and self.version < POOL_SCHEMA_VERSION:
+            raise FeatureError(
+                f"FeatureSchema.descriptors need version >= {POOL_SCHEMA_VERSION}, got version {self.version}"
+            )
+        if self.descriptors and any(c not in self.channels for c in _DESCRIPTOR_INPUTS):
+            raise FeatureError(
+                f"FeatureSchema.descriptors are computed from {list(_DESCRIPTOR_INPUTS)}; channels "
+                f"{list(self.channels)} lack some"
+            )
         if len(self.masked) != len(self.channels):
             raise FeatureError(
                 f"FeatureSchema.masked has {len(self.masked)} flags for {len(self.channels)} channels"
@@ -96,13 +121,13 @@ class FeatureSchema:
     @property
     def n_inputs(self) -> int:
         """Width ``F_in`` of the encoded input vector."""
-        return len(self.channels) + sum(self.masked) + len(self.time_features)
+        return len(self.channels) + sum(self.masked) + len(self.time_features) + len(self.descriptors)
 
     @property
     def input_names(self) -> tuple[str, ...]:
         """Name of every column of the encoded input, in order."""
         masks = tuple(f"{c}_mask" for c, m in zip(self.channels, self.masked, strict=True) if m)
-        return self.channels + masks + self.time_features
+        return self.channels + masks + self.time_features + self.descriptors
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +137,7 @@ class FeatureSchema:
             "targets": list(self.targets),
             "step_s": self.step_s,
             "version": self.version,
+            **({"descriptors": list(self.descriptors)} if self.descriptors else {}),
         }
 
     @classmethod
@@ -128,6 +154,7 @@ class FeatureSchema:
             targets=tuple(str(t) for t in d["targets"]),
             step_s=float(d["step_s"]),
             version=int(d["version"]),
+            descriptors=tuple(str(x) for x in d.get("descriptors", ())),
         )
 
     def diff(self, other: FeatureSchema) -> list[str]:
@@ -135,7 +162,7 @@ class FeatureSchema:
         out: list[str] = []
         if self.version != other.version:
             out.append(f"version: {self.version} != {other.version}")
-        for name in ("channels", "time_features", "targets"):
+        for name in ("channels", "time_features", "targets", "descriptors"):
             a, b = getattr(self, name), getattr(other, name)
             if a != b:
                 gone = [x for x in a if x not in b]
@@ -150,7 +177,35 @@ class FeatureSchema:
         return out
 
 
+_DESCRIPTOR_INPUTS = ("arrival_rps", "prompt_tps", "gen_tps")
+
 DEFAULT_SCHEMA = FeatureSchema()
+#: DEFAULT_SCHEMA plus the per-pool workload descriptors (issue 8), schema version 2.
+POOL_SCHEMA = FeatureSchema(version=POOL_SCHEMA_VERSION, descriptors=POOL_DESCRIPTORS)
+
+#: The input channel that measures each target's rate (the baseline skip smooths it; see forecaster.network).
+TARGET_CHANNELS: dict[str, str] = {
+    "arrivals": "arrival_rps",
+    "prompt_tokens": "prompt_tps",
+    "gen_tokens": "gen_tps",
+}
+
+
+def baseline_columns(schema: FeatureSchema = DEFAULT_SCHEMA) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """For each target of ``schema``: the encoded-input column of its rate channel, and of that channel's
+    mask (-1 when unmasked). Raises :class:`FeatureError` naming a target whose channel the schema lacks."""
+    names = schema.input_names
+    inputs, masks = [], []
+    for target in schema.targets:
+        ch = TARGET_CHANNELS.get(target)
+        if ch is None or ch not in schema.channels:
+            raise FeatureError(
+                f"baseline skip: target {target!r} has no rate channel in the schema "
+                f"(known {TARGET_CHANNELS}, schema channels {list(schema.channels)})"
+            )
+        inputs.append(names.index(ch))
+        masks.append(names.index(f"{ch}_mask") if f"{ch}_mask" in names else -1)
+    return tuple(inputs), tuple(masks)
 
 
 def _as_floats(d: Mapping[str, Any], key: str, n: int) -> tuple[float, ...]:
@@ -358,16 +413,99 @@ def time_features(now_s: np.ndarray | float, schema: FeatureSchema = DEFAULT_SCH
     )
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Per-pool workload descriptors (schema version 2)
+#
+# Exponentially weighted sums (decay d = 0.5 ** (step_s / POOL_HALFLIFE_S), each update
+# ``S <- d S + (1 - d) u``, all zero before the first step) of, per step: m (arrivals observed), m a, m a²,
+# m' p and m' g (arrivals a, prompt tokens p, generation tokens g per step; m' = all three observed) and m'
+# a. From them, encoded with fixed affine maps (no fitted statistics, so an unseen pool is encoded the same
+# way):
+#   pool_dispersion = log(var / mean of per-step arrivals) / 2         (Poisson → 0, on/off bursts → 1 … 4)
+#   pool_prompt_len = (log1p(prompt tokens per request) − 6.5) / 1.5
+#   pool_output_len = (log1p(output tokens per request) − 5.0) / 1.5
+# Undefined (nothing observed yet, no arrivals yet) → 0.
+
+_N_SUMS = 6
+
+
+def _descriptor_terms(x_raw: np.ndarray, mask: np.ndarray, schema: FeatureSchema) -> np.ndarray:
+    """``[..., C]`` raw channels → ``[..., 6]`` per-step terms (m, m a, m a², m' a, m' p, m' g)."""
+    idx = [schema.channels.index(c) for c in _DESCRIPTOR_INPUTS]
+    v = np.asarray(x_raw, dtype=np.float64)[..., idx] * schema.step_s  # per-step totals
+    ok = np.asarray(mask, dtype=bool)[..., idx] & np.isfinite(v) & (v >= 0)
+    v = np.where(ok, v, 0.0)
+    m = ok[..., 0].astype(np.float64)
+    m3 = ok.all(axis=-1).astype(np.float64)
+    a = v[..., 0]
+    return np.stack([m, m * a, m * a * a, m3 * a, m3 * v[..., 1], m3 * v[..., 2]], axis=-1)
+
+
+def _descriptors_from_sums(sums: np.ndarray, schema: FeatureSchema) -> np.ndarray:
+    """EW sums ``[..., 6]`` → encoded descriptors ``[..., len(schema.descriptors)]`` (float64)."""
+    w, sa, sa2, sa3, sp, sg = (sums[..., i] for i in range(_N_SUMS))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(w > 1e-9, sa / w, np.nan)
+        var = np.where(w > 1e-9, sa2 / w, np.nan) - mean * mean
+        disp = np.log(np.maximum(var, 1e-6) / mean) / 2.0
+        plen = (np.log1p(sp / sa3) - 6.5) / 1.5
+        olen = (np.log1p(sg / sa3) - 5.0) / 1.5
+    cols = {
+        "pool_dispersion": np.where(mean > 1e-6, disp, 0.0),
+        "pool_prompt_len": np.where(sa3 > 1e-6, plen, 0.0),
+        "pool_output_len": np.where(sa3 > 1e-6, olen, 0.0),
+    }
+    out = [np.nan_to_num(np.clip(cols[d], -10.0, 10.0)) for d in schema.descriptors]
+    return np.stack(out, axis=-1) if out else np.zeros((*sums.shape[:-1], 0))
+
+
+def _descriptor_decay(schema: FeatureSchema) -> float:
+    return float(0.5 ** (schema.step_s / POOL_HALFLIFE_S))
+
+
+def descriptor_series(x_raw: np.ndarray, mask: np.ndarray, schema: FeatureSchema = POOL_SCHEMA) -> np.ndarray:
+    """Descriptors at every step of whole series: ``x_raw [..., T, C]`` → ``[..., T, len(schema.descriptors)]``.
+
+    Step t summarises steps 0..t (causal). Equal to feeding the steps one by one to :class:`DescriptorState`.
+    """
+    from scipy.signal import lfilter
+
+    x_raw = np.asarray(x_raw)
+    if not schema.descriptors:
+        return np.zeros((*x_raw.shape[:-1], 0))
+    d = _descriptor_decay(schema)
+    terms = _descriptor_terms(x_raw, mask, schema)  # [..., T, 6]
+    sums = lfilter([1.0 - d], [1.0, -d], terms, axis=-2)
+    return _descriptors_from_sums(np.asarray(sums), schema)
+
+
+class DescriptorState:
+    """Streaming per-node descriptors: ``2 * 3`` floats per node, one update per tick for all nodes."""
+
+    def __init__(self, n_nodes: int, schema: FeatureSchema = POOL_SCHEMA) -> None:
+        self.schema = schema
+        self.decay = _descriptor_decay(schema)
+        self.sums = np.zeros((n_nodes, _N_SUMS))
+
+    def update(self, x_raw: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Consume one step ``x_raw [N, C]`` / ``mask [N, C]`` → descriptors ``[N, len(schema.descriptors)]``."""
+        self.sums = self.decay * self.sums + (1.0 - self.decay) * _descriptor_terms(x_raw, mask, self.schema)
+        return _descriptors_from_sums(self.sums, self.schema)
+
+
 def encode_inputs(
     x_raw: np.ndarray,
     mask: np.ndarray,
     normalizer: Normalizer,
     times_s: np.ndarray | float,
     schema: FeatureSchema = DEFAULT_SCHEMA,
+    descriptors: np.ndarray | None = None,
 ) -> np.ndarray:
     """Raw channels ``[..., C]`` + mask → float32 network input ``[..., F_in]``.
 
     ``times_s`` broadcasts against the leading dimensions (e.g. ``[T]`` for ``x_raw [N, T, C]``, or a scalar).
+    With per-pool descriptors in the schema, ``descriptors [..., D]`` are appended; when None they are
+    computed from ``x_raw`` itself, read as whole series from their start (:func:`descriptor_series`).
     """
     if normalizer.channels != schema.channels:
         raise FeatureError(f"normalizer channels {normalizer.channels} != schema channels {schema.channels}")
@@ -379,7 +517,16 @@ def encode_inputs(
     z, ok = normalizer.normalize_inputs(x_raw, mask)
     tf = np.broadcast_to(time_features(times_s, schema), (*x_raw.shape[:-1], len(schema.time_features)))
     masks = ok[..., np.asarray(schema.masked, dtype=bool)]
-    out: np.ndarray = np.concatenate([z, masks, tf], axis=-1).astype(np.float32)
+    parts = [z, masks, tf]
+    if schema.descriptors:
+        desc = descriptor_series(x_raw, mask, schema) if descriptors is None else np.asarray(descriptors)
+        if desc.shape != (*x_raw.shape[:-1], len(schema.descriptors)):
+            raise FeatureError(
+                f"descriptors {desc.shape} must be {(*x_raw.shape[:-1], len(schema.descriptors))} "
+                f"(schema descriptors {list(schema.descriptors)})"
+            )
+        parts.append(desc)
+    out: np.ndarray = np.concatenate(parts, axis=-1).astype(np.float32)
     return out
 
 
@@ -389,12 +536,18 @@ def encode_step(
     normalizer: Normalizer,
     now_s: float,
     schema: FeatureSchema = DEFAULT_SCHEMA,
+    descriptors: np.ndarray | None = None,
 ) -> np.ndarray:
     """One tick for every node: ``x_raw [N, C]``, ``mask [N, C]`` → float32 ``[N, F_in]``.
 
     Identical to a row of :func:`encode_inputs` (the streaming == full-sequence guarantee depends on it).
+    With per-pool descriptors in the schema, pass ``descriptors [N, D]`` (from :class:`DescriptorState`).
     """
-    return encode_inputs(x_raw, mask, normalizer, now_s, schema)
+    if schema.descriptors and descriptors is None:
+        raise FeatureError(
+            "encode_step: the schema has per-pool descriptors; pass DescriptorState.update(...)"
+        )
+    return encode_inputs(x_raw, mask, normalizer, now_s, schema, descriptors)
 
 
 # ---------------------------------------------------------------------------------------------------------

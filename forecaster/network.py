@@ -45,12 +45,36 @@ class NetConfig:
     window: int = 60
     n_targets: int = 3
     quantiles: tuple[float, ...] = (0.5, 0.9)
+    #: Baseline skip (see :class:`LstmAttentionNet`): half-lives (steps) of the EWMAs of the inputs
+    #: ``baseline_inputs`` (one encoded-input column per target) whose learned affine map is added to every
+    #: quantile, so the network learns a correction to a smoothed level. Empty = off (older checkpoints).
+    baseline_halflives: tuple[float, ...] = ()
+    baseline_inputs: tuple[int, ...] = ()
+    #: For each of ``baseline_inputs``, the encoded column of its mask (1 = observed), or -1: no mask.
+    baseline_masks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         problems = []
         for name in ("n_inputs", "hidden", "layers", "heads", "window", "n_targets"):
             if int(getattr(self, name)) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.baseline_halflives:
+            if any(not (h > 0 and math.isfinite(h)) for h in self.baseline_halflives):
+                problems.append(
+                    f"baseline_halflives must be positive steps, got {list(self.baseline_halflives)}"
+                )
+            if len(self.baseline_inputs) != self.n_targets or len(self.baseline_masks) != self.n_targets:
+                problems.append(
+                    f"baseline_inputs {list(self.baseline_inputs)} and baseline_masks "
+                    f"{list(self.baseline_masks)} need one entry per target ({self.n_targets})"
+                )
+            cols = [*self.baseline_inputs, *(m for m in self.baseline_masks if m != -1)]
+            if any(not 0 <= c < self.n_inputs for c in cols):
+                problems.append(
+                    f"baseline input/mask columns {cols} must lie in [0, n_inputs={self.n_inputs})"
+                )
+        elif self.baseline_inputs or self.baseline_masks:
+            problems.append("baseline_inputs / baseline_masks given without baseline_halflives")
         if self.hidden % max(self.heads, 1):
             problems.append(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         q = list(self.quantiles)
@@ -68,19 +92,33 @@ class NetConfig:
             "window": self.window,
             "n_targets": self.n_targets,
             "quantiles": list(self.quantiles),
+            **(
+                {
+                    "baseline_halflives": list(self.baseline_halflives),
+                    "baseline_inputs": list(self.baseline_inputs),
+                    "baseline_masks": list(self.baseline_masks),
+                }
+                if self.baseline_halflives
+                else {}
+            ),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> NetConfig:
-        known = {"n_inputs", "hidden", "layers", "heads", "window", "n_targets", "quantiles"}
+        ints = {"n_inputs", "hidden", "layers", "heads", "window", "n_targets"}
+        known = ints | {"quantiles", "baseline_halflives", "baseline_inputs", "baseline_masks"}
         unknown = sorted(set(d) - known)
         if unknown or "n_inputs" not in d:
             raise ValueError(
                 f"NetConfig dict: unknown field(s) {unknown}, or missing 'n_inputs' (got {sorted(d)})"
             )
-        kw: dict[str, Any] = {k: int(v) for k, v in d.items() if k != "quantiles"}
-        if "quantiles" in d:
-            kw["quantiles"] = tuple(float(v) for v in d["quantiles"])
+        kw: dict[str, Any] = {k: int(v) for k, v in d.items() if k in ints}
+        for k in ("quantiles", "baseline_halflives"):
+            if k in d:
+                kw[k] = tuple(float(v) for v in d[k])
+        for k in ("baseline_inputs", "baseline_masks"):
+            if k in d:
+                kw[k] = tuple(int(v) for v in d[k])
         return cls(**kw)
 
 
@@ -91,7 +129,17 @@ class LstmAttentionNet(nn.Module):
     ``s = max(0, t - window + 1) .. t`` (causal, sliding). The context ``[o_t, attn_t]`` feeds an MLP trunk,
     then the quantile head (first quantile plus ``softplus`` increments, so quantiles never cross) and the
     burst head.
+
+    Optional baseline skip (``baseline_halflives``, off by default): masked EWMAs of the targets' own rate
+    inputs, mapped by a learned affine per target, are added to the quantiles, so the rest of the network
+    predicts a log-ratio to a smoothed level (see :meth:`baseline_scan`); streaming keeps the EWMA sums.
     """
+
+    # buffers of the baseline skip (registered only when it is on)
+    baseline_decay: Tensor
+    baseline_cols: Tensor
+    baseline_mask_cols: Tensor
+    baseline_has_mask: Tensor
 
     def __init__(
         self,
@@ -102,9 +150,24 @@ class LstmAttentionNet(nn.Module):
         window: int = 60,
         n_targets: int = 3,
         quantiles: Sequence[float] = (0.5, 0.9),
+        *,
+        baseline_halflives: Sequence[float] = (),
+        baseline_inputs: Sequence[int] = (),
+        baseline_masks: Sequence[int] = (),
     ) -> None:
         super().__init__()
-        self.config = NetConfig(n_inputs, hidden, layers, heads, window, n_targets, tuple(quantiles))
+        self.config = NetConfig(
+            n_inputs,
+            hidden,
+            layers,
+            heads,
+            window,
+            n_targets,
+            tuple(quantiles),
+            tuple(float(h) for h in baseline_halflives),
+            tuple(int(i) for i in baseline_inputs),
+            tuple(int(m) for m in baseline_masks),
+        )
         self.hidden, self.heads, self.window = hidden, heads, window
         self.head_dim = hidden // heads
         self.n_targets, self.n_quantiles = n_targets, len(self.config.quantiles)
@@ -116,6 +179,21 @@ class LstmAttentionNet(nn.Module):
         self.trunk = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.GELU())
         self.quantile_head = nn.Linear(hidden, n_targets * self.n_quantiles)
         self.burst_head = nn.Linear(hidden, 1)
+        self.n_baselines = len(self.config.baseline_halflives)
+        if self.n_baselines:
+            hl = torch.tensor(self.config.baseline_halflives, dtype=torch.float64)
+            # non-persistent: derived from the config, so the weights file holds parameters only
+            self.register_buffer("baseline_decay", (0.5 ** (1.0 / hl)).to(torch.float32), persistent=False)
+            self.register_buffer(
+                "baseline_cols", torch.tensor(self.config.baseline_inputs, dtype=torch.long), persistent=False
+            )
+            masks = torch.tensor(self.config.baseline_masks, dtype=torch.long)
+            self.register_buffer("baseline_mask_cols", masks.clamp_min(0), persistent=False)
+            self.register_buffer("baseline_has_mask", masks >= 0, persistent=False)
+            self.baseline_weight = nn.Parameter(
+                torch.full((n_targets, self.n_baselines), 1.0 / self.n_baselines)
+            )
+            self.baseline_bias = nn.Parameter(torch.zeros(n_targets))
 
     @classmethod
     def from_config(cls, config: NetConfig) -> LstmAttentionNet:
@@ -127,6 +205,9 @@ class LstmAttentionNet(nn.Module):
             config.window,
             config.n_targets,
             config.quantiles,
+            baseline_halflives=config.baseline_halflives,
+            baseline_inputs=config.baseline_inputs,
+            baseline_masks=config.baseline_masks,
         )
 
     def forward(self, x: Tensor) -> Output:
@@ -138,7 +219,59 @@ class LstmAttentionNet(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.config.n_inputs:
             raise ValueError(f"expected x of shape [B, T, {self.config.n_inputs}], got {list(x.shape)}")
         o, _ = self.lstm(x)
-        return self.heads_from(o, self.attend_window(o))
+        base = self.baseline_offset(self.baseline_scan(self.baseline_terms(x))) if self.n_baselines else None
+        return self.heads_from(o, self.attend_window(o), base)
+
+    # --- baseline skip -------------------------------------------------------------------------------
+    # For each target k and half-life j: a masked, bias-free exponentially weighted mean of the encoded
+    # input column ``baseline_inputs[k]`` (normalised log rate), ``level = S / W`` with
+    # ``S_t = d S_{t-1} + (1 - d) m_t z_t`` and ``W_t = d W_{t-1} + (1 - d) m_t`` (``m`` = observed, from the
+    # mask column), both 0 before the first step: unobserved steps leave the level where it was, and the
+    # first observed step is its own level (no warm-up bias). ``offset_k = sum_j a_kj level_kj + b_k`` is
+    # added to every quantile of target k: the LSTM + attention learn the log-ratio to that smoothed level.
+
+    def baseline_terms(self, x: Tensor) -> Tensor:
+        """Encoded inputs ``[..., n_inputs]`` → ``[..., 2K]``: ``m * z`` for each target, then ``m``."""
+        z = x.index_select(-1, self.baseline_cols)
+        m = torch.where(
+            self.baseline_has_mask, x.index_select(-1, self.baseline_mask_cols), torch.ones_like(z)
+        )
+        return torch.cat([m * z, m], dim=-1)
+
+    def baseline_scan(self, u: Tensor, state: Tensor | None = None, block: int = 64) -> Tensor:
+        """EWMA sums of ``u [B, T, P]`` for every half-life → ``[B, T, P, J]``, starting from ``state [B, P, J]``
+        (zeros when None). Blocked: one ``[L, L, J]`` decay-matrix product per block of ``L`` steps."""
+        b, t, p = u.shape
+        d = self.baseline_decay
+        lag = torch.arange(block, device=u.device)
+        diff = (lag[:, None] - lag[None, :]).to(u.dtype)  # [L, L] a - b
+        mat = torch.where(
+            (diff >= 0)[..., None],
+            (1 - d) * d ** diff.clamp_min(0)[..., None],
+            torch.zeros((), dtype=u.dtype),
+        )  # [L, L, J]
+        carry_pow = d ** (lag.to(u.dtype) + 1)[:, None]  # [L, J]: d^(a+1)
+        s = u.new_zeros(b, p, self.n_baselines) if state is None else state
+        out = []
+        for lo in range(0, t, block):
+            ub = u[:, lo : lo + block]
+            n = ub.shape[1]
+            sb = torch.einsum("abj,nbp->napj", mat[:n, :n], ub) + carry_pow[:n, None, :] * s[:, None]
+            out.append(sb)
+            s = sb[:, -1]
+        return torch.cat(out, dim=1) if out else u.new_zeros(b, 0, p, self.n_baselines)
+
+    def baseline_step(self, state: Tensor, u: Tensor) -> Tensor:
+        """One step of :meth:`baseline_scan`: ``state [N, P, J]``, ``u [N, P]`` → the new state."""
+        d = self.baseline_decay
+        return d * state + (1 - d) * u[..., None]
+
+    def baseline_offset(self, sums: Tensor) -> Tensor:
+        """EWMA sums ``[..., 2K, J]`` → the offset added to each target's quantiles, ``[..., K]``."""
+        k = self.n_targets
+        s, w = sums[..., :k, :], sums[..., k:, :]
+        level = torch.where(w > 1e-6, s / w.clamp_min(1e-6), torch.zeros_like(s))
+        return (level * self.baseline_weight).sum(-1) + self.baseline_bias
 
     def attend_window(self, o: Tensor) -> Tensor:
         """Sliding causal attention for every position: ``o [B, T, H] → [B, T, H]`` (before ``o_proj``).
@@ -174,10 +307,15 @@ class LstmAttentionNet(nn.Module):
         first = torch.arange(nb, device=device)[:, None, None] > 0
         return band[None] & (first | (c >= w)[None])
 
-    def heads_from(self, o: Tensor, att: Tensor) -> Output:
-        """LSTM outputs and attention (before ``o_proj``), ``[..., H]`` each → :class:`Output` ``[..., K, Q]``."""
+    def heads_from(self, o: Tensor, att: Tensor, base: Tensor | None = None) -> Output:
+        """LSTM outputs and attention (before ``o_proj``), ``[..., H]`` each → :class:`Output` ``[..., K, Q]``.
+
+        ``base [..., K]``: the baseline skip's offset (:meth:`baseline_offset`), added to every quantile.
+        """
         z = self.trunk(torch.cat([o, self.o_proj(att)], dim=-1))
         raw = self.quantile_head(z).unflatten(-1, (self.n_targets, self.n_quantiles))
+        if base is not None:
+            raw = torch.cat([raw[..., :1] + base.unsqueeze(-1), raw[..., 1:]], dim=-1)
         if self.n_quantiles > 1:
             steps = F.softplus(raw[..., 1:])
             quantiles = torch.cat([raw[..., :1], raw[..., :1] + torch.cumsum(steps, dim=-1)], dim=-1)

@@ -4,7 +4,8 @@ State per node: the LSTM's ``(h, c)`` and ring buffers of the attention keys and
 ``window`` LSTM outputs (keys/values are linear in the outputs, so storing them projected is equivalent to
 storing the outputs and saves two matrix products per tick). Attention is a softmax over a set, so the
 ring's order does not matter; slots not yet written are masked out. Memory: ``2 * window * hidden * 4``
-bytes per node (30 KB at the defaults).
+bytes per node (30 KB at the defaults), plus ``2 * K * J`` floats for the baseline skip's EWMAs when the
+network has one (``NetConfig.baseline_halflives``).
 
 A tick costs O(N · (LSTM step + window · hidden)) — it never re-runs the window. Outputs equal the
 network's full-sequence ``forward`` at the same position (tested to 1e-5).
@@ -27,7 +28,14 @@ import torch
 from torch import Tensor
 
 from forecaster.checkpoint import LoadedCheckpoint, load_checkpoint
-from forecaster.features import FeatureSchema, Normalizer, encode_inputs, encode_step
+from forecaster.features import (
+    DescriptorState,
+    FeatureSchema,
+    Normalizer,
+    descriptor_series,
+    encode_inputs,
+    encode_step,
+)
 from forecaster.network import LstmAttentionNet, Output
 from forecaster.types import ForecastBatch
 
@@ -132,6 +140,9 @@ class LearnedForecaster:
         self._count = torch.zeros(n, dtype=torch.long)  # steps consumed since the node was added
         self._tick = 0  # ring slot written next is _tick % window, the same for every node
         self._since_obs = np.full(n, cfg.window, dtype=np.int64)  # steps since any channel was observed
+        # the baseline skip's EWMA sums (LstmAttentionNet.baseline_scan), [N, 2K, J]; empty when off
+        self._base = torch.zeros(n, 2 * cfg.n_targets if self.net.n_baselines else 0, self.net.n_baselines)
+        self._desc = DescriptorState(n, self.schema)  # per-pool descriptors (schema v2); unused when none
 
     def ensure_nodes(self, node_ids: Sequence[str]) -> None:
         """Track exactly these nodes, in this order: known ones keep their state, new ones start fresh."""
@@ -142,6 +153,7 @@ class LearnedForecaster:
             raise ValueError("ensure_nodes: node_ids contain duplicates")
         old = {nid: i for i, nid in enumerate(self._node_ids)}
         h, c, k, v, count, since = self._h, self._c, self._k, self._v, self._count, self._since_obs
+        base, desc = self._base, self._desc
         tick = self._tick
         self.reset(new_ids)
         self._tick = tick  # kept nodes' ring slots stay where they are
@@ -152,6 +164,8 @@ class LearnedForecaster:
             self._h[:, dst_idx], self._c[:, dst_idx] = h[:, src_idx], c[:, src_idx]
             self._k[dst_idx], self._v[dst_idx] = k[src_idx], v[src_idx]
             self._count[dst_idx] = count[src_idx]
+            self._base[dst_idx] = base[src_idx]
+            self._desc.sums[dst_idx.numpy()] = desc.sums[src_idx.numpy()]
             self._since_obs[dst_idx.numpy()] = since[src_idx.numpy()]
 
     def step(self, x: np.ndarray, mask: np.ndarray, now_s: float = math.nan) -> ForecastBatch:
@@ -166,7 +180,8 @@ class LearnedForecaster:
                 f"step: x {np.shape(x)} and mask {np.shape(mask)} must be [{n} tracked nodes, "
                 f"{len(self.schema.channels)} channels]; call ensure_nodes() when the node set changes"
             )
-        z = encode_step(x, mask, self.normalizer, now_s, self.schema)
+        desc = self._desc.update(x, mask) if self.schema.descriptors else None
+        z = encode_step(x, mask, self.normalizer, now_s, self.schema, desc)
         _, ok = self.normalizer.normalize_inputs(x, mask)  # what the encoding counted as observed
         self._since_obs = np.where(ok.any(axis=1), 0, self._since_obs + 1)
         out = self.step_encoded(torch.from_numpy(z))
@@ -220,7 +235,9 @@ class LearnedForecaster:
         with torch.inference_mode():
             for lo in range(0, n, chunk_nodes):
                 hi = min(lo + chunk_nodes, n)
-                z = encode_inputs(x[lo:hi], np.asarray(mask)[lo:hi], self.normalizer, times_s, self.schema)
+                m = np.asarray(mask)[lo:hi]
+                desc = descriptor_series(x[lo:hi], m, self.schema) if self.schema.descriptors else None
+                z = encode_inputs(x[lo:hi], m, self.normalizer, times_s, self.schema, desc)
                 out = self.net(torch.from_numpy(z))
                 q[lo:hi], logit[lo:hi] = out.quantiles.numpy(), out.burst_logit.numpy()
         totals = np.moveaxis(self.normalizer.denormalize_targets(np.moveaxis(q, -1, -2)), -2, -1)
@@ -268,4 +285,8 @@ class LearnedForecaster:
             unwritten = age[None, :] >= self._count[:, None]  # [N, w]
             scores = scores.masked_fill(unwritten[:, None, None, :], float("-inf"))
         att = torch.matmul(torch.softmax(scores, dim=-1), self._v).reshape(n, nh * dh)
-        return net.heads_from(o, att)
+        offset = None
+        if net.n_baselines:
+            self._base = net.baseline_step(self._base, net.baseline_terms(z))
+            offset = net.baseline_offset(self._base)
+        return net.heads_from(o, att, offset)

@@ -74,6 +74,13 @@ def bench(
     plots: Annotated[
         Path | None, typer.Option("--plots", help="Write capacity-<trace>.png and ttft-cdf-<trace>.png here.")
     ] = None,
+    max_reorder_s: Annotated[
+        float,
+        typer.Option(
+            "--max-reorder-s",
+            help="Rows may arrive this many seconds before an earlier row (re-sorted); inf accepts any order.",
+        ),
+    ] = 1.0,
 ) -> None:
     """Every scaling policy side by side on the same traces: SLO attainment, latency, GPU cost.
 
@@ -131,7 +138,7 @@ def bench(
         return
     _run_bench(
         trace or [], policy or [], profile, slo_ttft_ms, slo_itl_ms, duration_s, fmt, config, forecaster,
-        json_out, plots,
+        json_out, plots, max_reorder_s,
     )  # fmt: skip
 
 
@@ -147,6 +154,7 @@ def _run_bench(
     forecaster: str,
     json_out: Path | None,
     plots: Path | None,
+    max_reorder_s: float = 1.0,
 ) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -191,7 +199,7 @@ def _run_bench(
                 raise FileNotFoundError(f"trace file not found: {path}")
         loaded = []
         for path in paths:
-            requests = read_trace(path, fmt)
+            requests = read_trace(path, fmt, max_reorder_s=max_reorder_s)
             if duration_s is not None:
                 requests = requests.window(0.0, duration_s)
             if len(requests) == 0:

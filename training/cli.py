@@ -164,6 +164,22 @@ def fit_cmd(
     layers: Annotated[int, typer.Option(help="LSTM layers.")] = 2,
     heads: Annotated[int, typer.Option(help="Attention heads (must divide --hidden).")] = 4,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 3e-3,
+    baseline_halflives: Annotated[
+        str,
+        typer.Option(
+            "--baseline-halflives",
+            help="Baseline skip: comma-separated EWMA half-lives in seconds (e.g. 10,60); the network then "
+            "predicts a correction to these smoothed rates. Empty = off.",
+        ),
+    ] = "",
+    pool_features: Annotated[
+        bool,
+        typer.Option(
+            "--pool-features",
+            help="Feature schema v2: add per-pool workload descriptors (arrival dispersion, mean prompt and "
+            "output lengths over the node's history) so one model learns per-pool differences.",
+        ),
+    ] = False,
     horizon_s: Annotated[
         int, typer.Option("--horizon-s", help="Forecast horizon: totals over the next N seconds.")
     ] = 5,
@@ -239,6 +255,7 @@ def fit_cmd(
 
     import numpy as np
 
+    from forecaster.features import DEFAULT_SCHEMA, POOL_SCHEMA
     from training.augment import MaskingConfig
     from training.datamodule import WindowConfig
     from training.fit import AugmentConfig, LabelConfig, TrainerConfig, build_series, fit_forecaster
@@ -290,6 +307,7 @@ def fit_cmd(
         net_layers=layers,
         net_heads=heads,
         net_window=window,
+        net_baseline_halflives=_float_list(baseline_halflives, "--baseline-halflives"),
         lr=lr,
         trainer=TrainerConfig(
             max_epochs=epochs,
@@ -302,6 +320,7 @@ def fit_cmd(
             num_threads=threads or None,
         ),
         masking=masking,
+        schema=POOL_SCHEMA if pool_features else DEFAULT_SCHEMA,
         horizon_s=float(horizon_s),
         log=lambda m: console.print(m),
         resume=resume,
@@ -366,6 +385,20 @@ def export_cmd(
 
     version = export_lightning_checkpoint(checkpoint, out)
     Console().print(f"wrote {out} (model_version {version})")
+
+
+def _float_list(text: str, option: str) -> tuple[float, ...]:
+    """``"10,60"`` → ``(10.0, 60.0)``; empty → ``()``; anything else not a positive number is an error."""
+    out: list[float] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            v = float(part)
+        except ValueError:
+            raise typer.BadParameter(f"{option}: {part!r} is not a number") from None
+        if not v > 0:
+            raise typer.BadParameter(f"{option}: values must be positive, got {part!r}")
+        out.append(v)
+    return tuple(out)
 
 
 def _int_list(text: str, option: str) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from forecaster.features import DEFAULT_SCHEMA, FeatureSchema, Normalizer, encode_inputs
+from forecaster.features import DEFAULT_SCHEMA, FeatureSchema, Normalizer, descriptor_series, encode_inputs
 from training.augment import MaskingConfig, mask_channels
 from training.data import NodeSeries, cut_window, window_starts
 
@@ -84,6 +84,19 @@ class SequenceDataset(Dataset[dict[str, torch.Tensor]]):
         self.random_time_of_day = random_time_of_day
         self.seed = seed
         self.epoch = epoch
+        # per-pool descriptors (schema v2) of each WHOLE series, before any channel masking: a window sees
+        # what the forecaster would have accumulated over the node's history up to each of its steps
+        self._desc: dict[int, np.ndarray] = {}
+
+    def _descriptors(self, s_idx: int, start: int) -> np.ndarray | None:
+        if not self.schema.descriptors:
+            return None
+        if s_idx not in self._desc:
+            x = self.series[s_idx].x_raw
+            self._desc[s_idx] = descriptor_series(x, np.isfinite(x), self.schema).astype(np.float32)
+        d = self._desc[s_idx][start : start + self.seq_len]
+        pad = self.seq_len - d.shape[0]
+        return np.concatenate([d, np.zeros((pad, d.shape[1]), np.float32)]) if pad > 0 else d
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -99,7 +112,9 @@ class SequenceDataset(Dataset[dict[str, torch.Tensor]]):
         if not np.isfinite(t0):
             t0 = 0.0  # unknown wall time: midnight (time features carry no information then)
         times = t0 + start * self.schema.step_s + self.schema.step_s * np.arange(self.seq_len)
-        x = encode_inputs(x_raw, np.isfinite(x_raw), self.normalizer, times, self.schema)
+        x = encode_inputs(
+            x_raw, np.isfinite(x_raw), self.normalizer, times, self.schema, self._descriptors(s_idx, start)
+        )
         y = self.normalizer.normalize_targets(totals).astype(np.float32)
         return {"x": torch.from_numpy(x), "y": torch.from_numpy(y), "burst": torch.from_numpy(burst)}
 

@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 
 from forecaster.burst import burst_onsets
-from forecaster.features import DEFAULT_SCHEMA, FeatureSchema, Normalizer, frame_to_inputs
+from forecaster.features import (
+    DEFAULT_SCHEMA,
+    FeatureSchema,
+    Normalizer,
+    baseline_columns,
+    frame_to_inputs,
+)
 from forecaster.types import MetricFrame
 from serving.workload.trace import Trace
 from training.augment import MaskingConfig, rate_scale, scale_tokens, superpose, thin, time_scale
@@ -339,6 +345,7 @@ def fit_forecaster(
     net_layers: int = 2,
     net_heads: int = 4,
     net_window: int = 60,
+    net_baseline_halflives: tuple[float, ...] = (),
     lr: float = 3e-3,
     burst_weight: float = 0.5,
     burst_pos_weight: float = 4.0,
@@ -373,6 +380,7 @@ def fit_forecaster(
     L.seed_everything(window.seed, workers=True, verbose=False)
     normalizer = fit_normalizer(series.train, schema)
     dm = ForecastDataModule(series.train, series.val, normalizer, window, schema=schema, masking=masking)
+    base_inputs, base_masks = baseline_columns(schema) if net_baseline_halflives else ((), ())
     net_cfg = NetConfig(
         n_inputs=schema.n_inputs,
         hidden=net_hidden,
@@ -380,6 +388,9 @@ def fit_forecaster(
         heads=net_heads,
         window=net_window,
         n_targets=len(schema.targets),
+        baseline_halflives=tuple(net_baseline_halflives),
+        baseline_inputs=base_inputs,
+        baseline_masks=base_masks,
     )
     optim = OptimConfig(
         lr=lr,

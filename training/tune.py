@@ -2,8 +2,20 @@
 
 Each trial is a set of ``PolicyConfig`` values drawn from :data:`SEARCH_SPACE` and judged by replaying
 training traces through the simulator (``serving.sim.replay``) under ``controller.replay_policies.
-PredictivePolicy``. Two objectives come out of a replay: the SLO violation rate (1 - attainment over every
-request) and GPU-seconds. Two ways to optimise them:
+PredictivePolicy``. Two figures come out of a replay: the SLO violation rate (1 - attainment over every
+request) and GPU-seconds. Three ways to optimise them:
+
+* ``improve`` (the default): beat the shipped defaults on every training trace. The defaults are replayed
+  first (:func:`make_baseline`); per trace a trial scores ``GPU-s / defaults' GPU-s x (1 + penalty x
+  deficit)``, the deficit measured against ``max(defaults' SLO, target)`` when the trace's target is
+  reachable (the defaults or :data:`PROBE_PARAMS`, the most generous corner of the space, reach it), else
+  against the defaults' own SLO (``pdscale tune`` sets no target in this mode unless asked: every trace
+  keeps its defaults' SLO); the study minimises the mean over traces, so each trace weighs the same
+  whatever its length or load, and a trial cannot win by trading one axis for the other (penalty 100: one
+  point of SLO lost doubles a trace's score). 1.0 is the defaults; below 1, fewer GPU-s with every trace's
+  SLO kept. The first trial is the defaults (:func:`default_params`); when no trial beats them the
+  defaults are the answer (:func:`choose_improve`). Pruned per step like ``constrained``, on the score of
+  the steps done so far against the defaults on the same steps.
 
 * ``pareto``: both, NSGA-II, a Pareto front. Optuna cannot prune multi-objective studies, so every trial
   runs to its end.
@@ -23,9 +35,13 @@ own (re-based to start at 0, the fleet starting warm from the policy's first ans
 the projected objective is reported after each. A chunked evaluation is not a continuous replay: state does not
 carry over a chunk boundary and each chunk drains its own requests; with ``chunks=1`` it is one replay.
 
-The chosen trial (both modes): among completed trials those meeting ``slo_target``, the one with the least
-GPU-seconds; when none does, the least penalised GPU-seconds (constrained) or the best SLO attainment
+The chosen trial (pareto, constrained): among completed trials those meeting ``slo_target``, the one with the
+least GPU-seconds; when none does, the least penalised GPU-seconds (constrained) or the best SLO attainment
 (pareto). That trial is on the Pareto front by construction.
+
+Train/test split (:func:`split_table`): defaults vs the chosen config per training trace and per held-out
+trace, with a :func:`verdict` each (dominates / same / trade-off / worse). Traces are given as
+``FILE[:key=value,...]`` (:func:`parse_trace_spec`): a trace's own TTFT/ITL SLOs, window and SLO target.
 
 Only the tune command imports this module (optuna at its top, matplotlib inside :func:`write_plots`).
 """
@@ -52,14 +68,74 @@ from forecaster.types import Forecaster
 from serving.sim.fleet import FleetSpec, single_pool
 from serving.workload.trace import Trace
 
-Mode = Literal["pareto", "constrained"]
-MODES: tuple[str, ...] = ("pareto", "constrained")
+Mode = Literal["improve", "pareto", "constrained"]
+MODES: tuple[str, ...] = ("improve", "pareto", "constrained")
+# The penalty each single-objective mode prices one unit of SLO deficit with, when none is given: "improve"
+# normalises GPU-s by the defaults', so 100 makes 1 point of SLO lost double a trace's score.
+DEFAULT_PENALTY: Mapping[str, float] = {"improve": 100.0, "constrained": 10.0, "pareto": 10.0}
+# The SLO target when none is given: "improve" has none (0: every trace keeps its defaults' own SLO).
+DEFAULT_SLO_TARGET: Mapping[str, float] = {"improve": 0.0, "constrained": 0.99, "pareto": 0.99}
 FORECASTERS: tuple[str, ...] = ("default", "holt")
 ForecasterFactory = Callable[[], Forecaster]
 
 
 class TuneError(ValueError):
     """A tuning run cannot go on as asked; the message says what to change."""
+
+
+# -- trace specs: FILE[:key=value,...] -----------------------------------------------------------------
+SPEC_KEYS: tuple[str, ...] = ("ttft_ms", "itl_ms", "duration_s", "slo_target")
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """A ``--trace`` / ``--holdout`` argument: a trace file and, optionally, its own SLOs, window and SLO
+    target (None: the run's ``--slo-ttft-ms``, ``--slo-itl-ms``, ``--duration-s``, ``--slo-target``)."""
+
+    text: str
+    path: str
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    duration_s: float | None = None
+    slo_target: float | None = None
+
+    @property
+    def label(self) -> str:
+        """The file name and its options, for tables (``code.csv:duration_s=1800``)."""
+        opts = self.text[len(self.path) :]
+        return Path(self.path).name + opts
+
+
+def parse_trace_spec(text: str, option: str = "--trace") -> TraceSpec:
+    """``FILE`` or ``FILE:key=value[,key=value...]`` with keys :data:`SPEC_KEYS` (e.g.
+    ``mooncake.jsonl:ttft_ms=10000``). A ``:`` whose tail holds no ``=`` is part of the file name. Errors
+    name the option, the argument and the key."""
+    path, sep, tail = text.rpartition(":")
+    if not sep or "=" not in tail:
+        path, tail = text, ""
+    where = f"{option} {text!r}"
+    if not path:
+        raise TuneError(f"{where}: no file name before the ':'")
+    values: dict[str, float] = {}
+    for item in tail.split(",") if tail else []:
+        key, eq, raw = (x.strip() for x in item.partition("="))
+        if not eq or not key:
+            raise TuneError(f"{where}: {item!r} is not key=value (keys: {', '.join(SPEC_KEYS)})")
+        if key not in SPEC_KEYS:
+            raise TuneError(f"{where}: unknown key {key!r} (expected one of {', '.join(SPEC_KEYS)})")
+        if key in values:
+            raise TuneError(f"{where}: {key} given twice")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise TuneError(f"{where}: {key}={raw!r} is not a number") from None
+        if key == "slo_target":
+            if not 0.0 <= value <= 1.0:
+                raise TuneError(f"{where}: slo_target must be in [0, 1], got {raw}")
+        elif not (math.isfinite(value) and value > 0):
+            raise TuneError(f"{where}: {key} must be a finite number > 0, got {raw}")
+        values[key] = value
+    return TraceSpec(text=text, path=path, **values)
 
 
 # -- the search space ----------------------------------------------------------------------------------
@@ -137,6 +213,39 @@ def _check_space() -> None:
 _check_space()
 
 
+def default_params(space: Sequence[SearchParam] = SEARCH_SPACE) -> dict[str, Any]:
+    """The shipped defaults of the searched fields, exactly, even where outside the table's range (e.g.
+    ``pd_ratio_max`` 0 = no bound): the improve study's first trial, which must score the defaults' own."""
+    base = PolicyConfig().model_dump()
+    return {p.name: base[p.name] for p in space}
+
+
+def local_space(
+    space: Sequence[SearchParam], factor: float, base: PolicyConfig | None = None
+) -> tuple[SearchParam, ...]:
+    """``space`` narrowed to the neighbourhood of ``base`` (default: the shipped defaults): a float ``d`` > 0
+    searched over ``[d / factor, d * factor]``, a float at 0 over the bottom ``1 / factor`` of its range, an
+    integer over ``d - 1 .. d + 1``, each clipped to the table's range. A field whose default lies outside
+    its range (``pd_ratio_max`` 0 = no bound) is left out, i.e. kept at its default."""
+    ref = (base or PolicyConfig()).model_dump()
+    out: list[SearchParam] = []
+    for p in space:
+        d = float(ref[p.name])
+        if not p.low <= d <= p.high:
+            continue
+        lo: float
+        hi: float
+        if p.integer:
+            lo, hi = int(max(p.low, d - 1)), int(min(p.high, d + 1))
+        elif d > 0:
+            lo, hi = max(p.low, d / factor), min(p.high, d * factor)
+        else:
+            lo, hi = p.low, p.low + (p.high - p.low) / factor
+        if lo < hi:
+            out.append(replace(p, low=lo, high=hi))
+    return tuple(out)
+
+
 def config_from_params(params: Mapping[str, Any], base: PolicyConfig | None = None) -> PolicyConfig:
     """``base`` (default: ``PolicyConfig()``) with ``params`` set, validated (errors name the field)."""
     base = base or PolicyConfig()
@@ -157,6 +266,13 @@ class Step:
     name: str
     trace: Trace
     fleet: FleetSpec
+    group: str = ""  # the training trace this step is a window of ("" = ``name``)
+    slo_target: float | None = None  # the trace's own SLO target (None: the run's)
+
+    @property
+    def source(self) -> str:
+        """The trace this step belongs to (per-trace figures group steps by it)."""
+        return self.group or self.name
 
     @property
     def span_s(self) -> float:
@@ -179,7 +295,7 @@ def split_steps(name: str, trace: Trace, chunks: int, fleet: FleetSpec) -> list[
     if len(trace) == 0:
         raise TuneError(f"{name}: the trace has no requests")
     if chunks == 1:
-        return [Step(name, trace, fleet)]
+        return [Step(name, trace, fleet, group=name)]
     end_s = float(trace.arrival_s[-1])
     edges = np.linspace(0.0, end_s, chunks + 1)
     edges[-1] = math.inf
@@ -187,7 +303,7 @@ def split_steps(name: str, trace: Trace, chunks: int, fleet: FleetSpec) -> list[
     for i in range(chunks):
         part = rebase(trace, float(edges[i]), float(edges[i + 1]))
         if len(part):
-            out.append(Step(f"{name}[{i + 1}/{chunks}]", part, fleet))
+            out.append(Step(f"{name}[{i + 1}/{chunks}]", part, fleet, group=name))
     return out
 
 
@@ -200,6 +316,7 @@ class StepResult:
     slo_met: float  # requests meeting the SLO (attainment x requests)
     gpu_seconds: float
     wall_s: float
+    group: str = ""  # the step's source trace (:attr:`Step.source`)
 
 
 @dataclass(frozen=True)
@@ -225,6 +342,18 @@ class Evaluation:
     @property
     def violation_rate(self) -> float:
         return 1.0 - self.slo_attainment
+
+    def by_trace(self) -> dict[str, Evaluation]:
+        """The steps grouped by source trace (:attr:`StepResult.group`, else the step name), in order."""
+        out: dict[str, list[StepResult]] = {}
+        for s in self.steps:
+            out.setdefault(s.group or s.name, []).append(s)
+        return {k: Evaluation(tuple(v)) for k, v in out.items()}
+
+    def only(self, names: Sequence[str]) -> Evaluation:
+        """The steps named ``names`` (in this evaluation's order)."""
+        keep = set(names)
+        return Evaluation(tuple(s for s in self.steps if s.name in keep))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -254,6 +383,119 @@ def running_objective(ev: Evaluation, steps: Sequence[Step], settings: TuneSetti
     total_s = sum(s.span_s for s in steps)
     gpu = ev.gpu_seconds * total_s / done_s if done_s > 0 else math.nan
     return penalised_gpu_seconds(gpu, ev.slo_attainment, settings.slo_target, settings.penalty)
+
+
+# -- the "improve" objective: beat the defaults on every training trace -----------------------------------
+# The most generous corner of SEARCH_SPACE (most capacity, fastest up, slowest down): the probe that decides
+# whether a trace's SLO target is reachable at all.
+PROBE_PARAMS: Mapping[str, Any] = {
+    "buffer_multiplier": 4.0,
+    "standby_prefill": 4,
+    "standby_decode": 6,
+    "burst_threshold": 0.2,
+    "qps_change_alert_per_min": 0.05,
+    "ramp_up_s": 10.0,
+    "scale_down_delay_s": 900.0,
+    "headroom": 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The shipped defaults replayed on the training steps, and per trace the SLO rule a trial is held to.
+
+    ``reachable[trace]``: the trace's SLO target is met by the defaults or by the probe (:data:`PROBE_PARAMS`);
+    then a trial must reach ``max(default SLO, target)``, else only the default's own SLO
+    (:meth:`reference`)."""
+
+    default: Evaluation
+    targets: Mapping[str, float]
+    reachable: Mapping[str, bool]
+    probe_slo: Mapping[str, float] = field(default_factory=dict)  # only traces whose defaults miss the target
+
+    def reference(self, trace: str, default_slo: float) -> float:
+        """The SLO attainment a trial must keep on ``trace`` (``default_slo``: the defaults' on the same
+        steps): ``max(default_slo, target)`` when the target is reachable, else ``default_slo``."""
+        if self.reachable[trace]:
+            return max(default_slo, self.targets[trace])
+        return default_slo
+
+    def default_score(self, penalty: float) -> float:
+        """The improve objective of the defaults themselves: 1.0 unless they miss a reachable target."""
+        return improve_objective(self.default, self, penalty)
+
+    def candidate(self, penalty: float) -> Candidate:
+        """The shipped defaults as a :class:`Candidate` (number :data:`DEFAULTS_TRIAL`, no params)."""
+        ev = self.default
+        return Candidate(DEFAULTS_TRIAL, ev.slo_attainment, ev.gpu_seconds, {}, self.default_score(penalty))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            trace: {
+                "default": ev.to_json(),
+                "slo_target": self.targets[trace],
+                "target_reachable": self.reachable[trace],
+                "probe_slo_attainment": self.probe_slo.get(trace),
+                "reference_slo": self.reference(trace, ev.slo_attainment),
+            }
+            for trace, ev in self.default.by_trace().items()
+        }
+
+
+def make_baseline(steps: Sequence[Step], make_forecaster: ForecasterFactory, slo_target: float) -> Baseline:
+    """Replay the defaults on ``steps``; for each trace whose defaults miss its target (the step's
+    ``slo_target``, else ``slo_target``), replay the probe to decide whether the target is reachable."""
+    default = evaluate(PolicyConfig(), steps, make_forecaster)
+    targets: dict[str, float] = {}
+    for st in steps:
+        targets.setdefault(st.source, st.slo_target if st.slo_target is not None else slo_target)
+    reachable: dict[str, bool] = {}
+    probe: dict[str, float] = {}
+    for trace, ev in default.by_trace().items():
+        if ev.slo_attainment >= targets[trace]:
+            reachable[trace] = True
+            continue
+        mine = [st for st in steps if st.source == trace]
+        probe[trace] = evaluate(config_from_params(PROBE_PARAMS), mine, make_forecaster).slo_attainment
+        reachable[trace] = probe[trace] >= targets[trace]
+    return Baseline(default, targets, reachable, probe)
+
+
+@dataclass(frozen=True)
+class TraceScore:
+    """One training trace's part of the improve objective."""
+
+    gpu_ratio: float  # trial GPU-s / defaults' GPU-s on the same steps
+    slo_attainment: float
+    reference_slo: float
+    deficit: float  # max(0, reference - attainment)
+    score: float  # gpu_ratio x (1 + penalty x deficit)
+
+
+def improve_scores(ev: Evaluation, baseline: Baseline, penalty: float) -> dict[str, TraceScore]:
+    """Per trace replayed in ``ev`` (wholly or its first steps), the trial against the defaults on the same
+    steps: ``GPU-s ratio x (1 + penalty x SLO deficit to the reference)``. 1.0 = the defaults (when they
+    meet the reference); below 1 = fewer GPU-s and the SLO kept."""
+    out: dict[str, TraceScore] = {}
+    for trace, mine in ev.by_trace().items():
+        base = baseline.default.only([s.name for s in mine.steps])
+        if base.gpu_seconds <= 0 or len(base.steps) != len(mine.steps):
+            raise TuneError(
+                f"{trace}: the defaults' replay does not cover the steps {[s.name for s in mine.steps]}"
+            )
+        ratio = mine.gpu_seconds / base.gpu_seconds
+        ref = baseline.reference(trace, base.slo_attainment)
+        slo = mine.slo_attainment
+        deficit = ref if math.isnan(slo) else max(0.0, ref - slo)
+        out[trace] = TraceScore(ratio, slo, ref, deficit, ratio * (1.0 + penalty * deficit))
+    return out
+
+
+def improve_objective(ev: Evaluation, baseline: Baseline, penalty: float) -> float:
+    """The mean of :func:`improve_scores` over the traces in ``ev``: every training trace weighs the same,
+    whatever its length or load."""
+    scores = improve_scores(ev, baseline, penalty)
+    return float(np.mean([s.score for s in scores.values()])) if scores else math.nan
 
 
 def forecaster_factory(name: str) -> ForecasterFactory:
@@ -293,6 +535,7 @@ def evaluate(
                 slo_met=report.slo_attainment * report.requests,
                 gpu_seconds=report.gpu_seconds,
                 wall_s=time.perf_counter() - t0,
+                group=step.source,
             )
         )
         if after_step is not None:
@@ -315,13 +558,14 @@ class TuneSettings:
     profile: str = "llama3-8b/a100"
     slo_ttft_ms: float = 1000.0
     slo_itl_ms: float = 50.0
+    around_defaults: float | None = None  # search only near the defaults (:func:`local_space`); None: all
 
     def problems(self) -> list[str]:
         out = []
         if self.mode not in MODES:
             out.append(f"objective {self.mode!r}: expected one of {MODES}")
-        if not 0.0 < self.slo_target <= 1.0:
-            out.append(f"slo_target must be in (0, 1], got {self.slo_target}")
+        if not 0.0 <= self.slo_target <= 1.0:
+            out.append(f"slo_target must be in [0, 1], got {self.slo_target}")
         if not (math.isfinite(self.penalty) and self.penalty >= 0):
             out.append(f"penalty must be a finite number >= 0, got {self.penalty}")
         if self.chunks < 1:
@@ -330,7 +574,18 @@ class TuneSettings:
             out.append(f"forecaster {self.forecaster!r}: expected one of {FORECASTERS}")
         if self.duration_s is not None and not self.duration_s > 0:
             out.append(f"duration_s must be > 0, got {self.duration_s}")
+        if self.around_defaults is not None and not (
+            math.isfinite(self.around_defaults) and self.around_defaults > 1
+        ):
+            out.append(f"around_defaults must be a finite factor > 1, got {self.around_defaults}")
         return out
+
+    @property
+    def space(self) -> tuple[SearchParam, ...]:
+        """The search space: :data:`SEARCH_SPACE`, or its neighbourhood of the defaults."""
+        if self.around_defaults is None:
+            return SEARCH_SPACE
+        return local_space(SEARCH_SPACE, self.around_defaults)
 
     @property
     def choice_penalty(self) -> float | None:
@@ -338,8 +593,11 @@ class TuneSettings:
         mode); None in pareto mode (the best SLO is chosen then)."""
         return self.penalty if self.mode == "constrained" else None
 
-    def fleet(self) -> FleetSpec:
-        return single_pool(profile=self.profile, slo_ttft_ms=self.slo_ttft_ms, slo_itl_ms=self.slo_itl_ms)
+    def fleet(self, spec: TraceSpec | None = None) -> FleetSpec:
+        """The one-pool fleet of the run's profile, with ``spec``'s own SLOs where it gives them."""
+        ttft = spec.ttft_ms if spec is not None and spec.ttft_ms is not None else self.slo_ttft_ms
+        itl = spec.itl_ms if spec is not None and spec.itl_ms is not None else self.slo_itl_ms
+        return single_pool(profile=self.profile, slo_ttft_ms=ttft, slo_itl_ms=itl)
 
     def to_attrs(self) -> dict[str, Any]:
         """JSON-able form stored in the study's user attributes."""
@@ -348,63 +606,91 @@ class TuneSettings:
         return d
 
 
-def load_steps(settings: TuneSettings, traces: Sequence[tuple[str, Trace]]) -> list[Step]:
-    """The training steps: each trace (cut to ``duration_s``) split into ``chunks`` windows."""
-    fleet = settings.fleet()
+def load_steps(
+    settings: TuneSettings,
+    traces: Sequence[tuple[str, Trace]],
+    *,
+    chunks: int | None = None,
+    option: str = "--trace",
+) -> list[Step]:
+    """The steps of ``traces`` (``(spec text, trace)``, the spec as :func:`parse_trace_spec` reads it): each
+    trace cut to its ``duration_s`` (else the run's), on a fleet with its SLOs (else the run's), split into
+    ``chunks`` windows (default: the run's)."""
     out: list[Step] = []
-    for name, trace in traces:
-        if settings.duration_s is not None:
-            trace = trace.window(0.0, settings.duration_s)
-        out.extend(split_steps(name, trace, settings.chunks, fleet))
+    for text, trace in traces:
+        spec = parse_trace_spec(text, option)
+        duration = spec.duration_s if spec.duration_s is not None else settings.duration_s
+        if duration is not None:
+            trace = trace.window(0.0, duration)
+        steps = split_steps(text, trace, settings.chunks if chunks is None else chunks, settings.fleet(spec))
+        out.extend(replace(st, slo_target=spec.slo_target) for st in steps)
     return out
 
 
 def suggest(trial: optuna.Trial, space: Sequence[SearchParam] = SEARCH_SPACE) -> dict[str, Any]:
-    """Draw one value per table entry."""
+    """Draw one value per table entry (an enqueued value outside a range, e.g. a default, is taken as it is)."""
     out: dict[str, Any] = {}
-    for p in space:
-        if p.integer:
-            out[p.name] = trial.suggest_int(p.name, int(p.low), int(p.high), log=p.log)
-        else:
-            out[p.name] = trial.suggest_float(p.name, p.low, p.high, log=p.log)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Fixed parameter .* is out of range")
+        for p in space:
+            if p.integer:
+                out[p.name] = trial.suggest_int(p.name, int(p.low), int(p.high), log=p.log)
+            else:
+                out[p.name] = trial.suggest_float(p.name, p.low, p.high, log=p.log)
     return out
 
 
 def make_objective(
-    settings: TuneSettings, steps: Sequence[Step], make_forecaster: ForecasterFactory, worker: int
+    settings: TuneSettings,
+    steps: Sequence[Step],
+    make_forecaster: ForecasterFactory,
+    worker: int,
+    baseline: Baseline | None = None,
 ) -> Callable[[optuna.Trial], float | tuple[float, float]]:
-    """The Optuna objective: sample, replay the steps, report/prune (constrained), record the figures."""
+    """The Optuna objective: sample, replay the steps, report/prune (constrained, improve), record the
+    figures. The improve mode needs ``baseline`` (:func:`make_baseline` on the same steps)."""
+    if settings.mode == "improve" and baseline is None:
+        raise TuneError("the improve objective needs the defaults' baseline (make_baseline)")
+
+    def value_of(ev: Evaluation) -> float:
+        if baseline is not None and settings.mode == "improve":
+            return improve_objective(ev, baseline, settings.penalty)
+        return running_objective(ev, steps, settings)
 
     def objective(trial: optuna.Trial) -> float | tuple[float, float]:
-        config = config_from_params(suggest(trial))
+        config = config_from_params(suggest(trial, settings.space))
         trial.set_user_attr("worker", worker)
 
         def after_step(i: int, ev: Evaluation) -> None:
-            if settings.mode != "constrained" or i == len(steps) - 1:
+            if settings.mode == "pareto" or i == len(steps) - 1:
                 return
-            value = running_objective(ev, steps, settings)
+            value = value_of(ev)
             trial.report(value, step=i)
             if trial.should_prune():
-                _record(trial, ev, settings.slo_target)
-                raise optuna.TrialPruned(
-                    f"after {steps[i].name}: projected {value:,.0f} worse than the median"
-                )
+                _record(trial, ev, settings, baseline)
+                raise optuna.TrialPruned(f"after {steps[i].name}: {value:,.4g} worse than the median")
 
         ev = evaluate(config, steps, make_forecaster, after_step=after_step)
-        _record(trial, ev, settings.slo_target)
+        _record(trial, ev, settings, baseline)
         if settings.mode == "pareto":
             return ev.violation_rate, ev.gpu_seconds
+        if settings.mode == "improve":
+            return value_of(ev)
         return penalised_gpu_seconds(ev.gpu_seconds, ev.slo_attainment, settings.slo_target, settings.penalty)
 
     return objective
 
 
-def _record(trial: optuna.Trial, ev: Evaluation, slo_target: float) -> None:
+def _record(trial: optuna.Trial, ev: Evaluation, settings: TuneSettings, baseline: Baseline | None) -> None:
     trial.set_user_attr("slo_attainment", ev.slo_attainment)
-    trial.set_user_attr("slo_deficit", slo_target - ev.slo_attainment)
+    trial.set_user_attr("slo_deficit", settings.slo_target - ev.slo_attainment)
     trial.set_user_attr("gpu_seconds", ev.gpu_seconds)
     trial.set_user_attr("steps_done", len(ev.steps))
     trial.set_user_attr("wall_s", sum(s.wall_s for s in ev.steps))
+    if baseline is not None and settings.mode == "improve":
+        scores = improve_scores(ev, baseline, settings.penalty)
+        trial.set_user_attr("score", float(np.mean([s.score for s in scores.values()])))
+        trial.set_user_attr("per_trace", {k: v.__dict__ for k, v in scores.items()})
 
 
 @contextmanager
@@ -514,11 +800,16 @@ def open_study(
     have = study.user_attrs.get("settings")
     if have is None:
         study.set_user_attr("settings", wanted)
+        if settings.mode == "improve":
+            # The search starts at the defaults it must beat (TPE then explores around a known score).
+            study.enqueue_trial(default_params(settings.space), user_attrs={"seeded": "defaults"})
         with _quiet_experimental():
             study.set_metric_names(
-                ["slo_violation_rate", "gpu_seconds"]
-                if settings.mode == "pareto"
-                else ["penalised_gpu_seconds"]
+                {
+                    "pareto": ["slo_violation_rate", "gpu_seconds"],
+                    "constrained": ["penalised_gpu_seconds"],
+                    "improve": ["improve_score"],
+                }[settings.mode]
             )
     else:
         diff = [
@@ -574,6 +865,7 @@ class Candidate:
     slo_attainment: float
     gpu_seconds: float
     params: Mapping[str, Any] = field(default_factory=dict)
+    score: float | None = None  # the improve objective (mean penalised GPU-s ratio to the defaults)
 
 
 @dataclass(frozen=True)
@@ -594,8 +886,48 @@ def candidates(study: optuna.Study) -> list[Candidate]:
         slo, gpu = t.user_attrs.get("slo_attainment"), t.user_attrs.get("gpu_seconds")
         if slo is None or gpu is None or math.isnan(slo):
             continue
-        out.append(Candidate(t.number, float(slo), float(gpu), dict(t.params)))
+        score = t.user_attrs.get("score")
+        out.append(Candidate(t.number, float(slo), float(gpu), dict(t.params), score))
     return out
+
+
+DEFAULTS_TRIAL = -1  # the Candidate number of the shipped defaults (not a trial of the study)
+
+
+def choose_improve(cands: Sequence[Candidate], defaults: Candidate) -> Choice:
+    """The improve mode's choice: the least score (mean over training traces of GPU-s ratio to the defaults
+    x (1 + penalty x SLO deficit)) when it beats ``defaults.score`` (``feasible``); else the shipped defaults
+    themselves (``defaults``, number :data:`DEFAULTS_TRIAL`, no params): a sweep that finds nothing better
+    says "keep the defaults" rather than writing its least-bad trial."""
+    if defaults.score is None:
+        raise TuneError("the defaults' candidate needs its improve score")
+    scored = [c for c in cands if c.score is not None and not math.isnan(c.score)]
+    if not scored:
+        raise TuneError("no completed trial with an improve score in the study yet: nothing to choose")
+    best = min(scored, key=lambda c: (c.score, c.number))
+    assert best.score is not None
+    if best.score < defaults.score:
+        rule = (
+            "the least mean GPU-s ratio to the defaults x (1 + penalty x SLO deficit) over the training "
+            f"traces: {best.score:.4f} against the defaults' {defaults.score:.4f}"
+        )
+        return Choice(best, rule, True)
+    rule = (
+        f"no trial beat the shipped defaults (best trial {best.number}: {best.score:.4f} against "
+        f"{defaults.score:.4f}): the defaults are kept"
+    )
+    return Choice(defaults, rule, False)
+
+
+def choose_for(
+    cands: Sequence[Candidate], settings: TuneSettings, baseline: Baseline | None = None
+) -> Choice:
+    """The choice rule of ``settings.mode``: :func:`choose_improve` (needs ``baseline``) or :func:`choose`."""
+    if settings.mode == "improve":
+        if baseline is None:
+            raise TuneError("the improve objective chooses against the defaults' baseline (make_baseline)")
+        return choose_improve(cands, baseline.candidate(settings.penalty))
+    return choose(cands, settings.slo_target, settings.choice_penalty)
 
 
 def choose(cands: Sequence[Candidate], slo_target: float, penalty: float | None = None) -> Choice:
@@ -672,11 +1004,13 @@ def config_yaml(choice: Choice, settings: TuneSettings, study_name: str, storage
             }
         ]
     }
+    which = "the shipped defaults" if c.number == DEFAULTS_TRIAL else f"trial {c.number}"
     header = [
-        f"pdscale tune: study {study_name!r} ({storage}), trial {c.number}",
+        f"pdscale tune: study {study_name!r} ({storage}), {which}",
         f"chosen: {choice.rule}",
         f"objective {settings.mode}: SLO attainment {c.slo_attainment:.4%} (target {settings.slo_target:.2%}), "
-        f"GPU-seconds {c.gpu_seconds:,.0f}",
+        f"GPU-seconds {c.gpu_seconds:,.0f}"
+        + (f", score {c.score:.4f} (defaults: 1 when they keep their SLO)" if c.score is not None else ""),
         f"training traces ({settings.chunks} chunk(s) each"
         + (f", first {settings.duration_s:g} s" if settings.duration_s else "")
         + "): "
@@ -709,7 +1043,7 @@ def write_plots(study: optuna.Study, out_dir: Path, mode: Mode) -> tuple[list[Pa
     notes: list[str] = []
     n_complete = len(candidates(study))
     gpu_target: Callable[[optuna.trial.FrozenTrial], float] | None = None
-    gpu_name = "penalised_gpu_seconds"
+    gpu_name = "improve_score" if mode == "improve" else "penalised_gpu_seconds"
     if mode == "pareto":
 
         def gpu_target(t: optuna.trial.FrozenTrial) -> float:
@@ -735,7 +1069,7 @@ def write_plots(study: optuna.Study, out_dir: Path, mode: Mode) -> tuple[list[Pa
         )
     else:
         notes.append(
-            "pareto_front.png: constrained mode has one objective, no Pareto front (use --objective pareto)"
+            f"pareto_front.png: {mode} mode has one objective, no Pareto front (use --objective pareto)"
         )
     save(
         "optimization_history.png",
@@ -752,22 +1086,100 @@ def write_plots(study: optuna.Study, out_dir: Path, mode: Mode) -> tuple[list[Pa
 
 
 # -- train/test comparison -----------------------------------------------------------------------------
+VERDICTS: tuple[str, ...] = ("dominates", "same", "trade-off", "worse")
+SLO_TOLERANCE = 0.001  # 0.1 point of SLO attainment: below it, two replays' SLOs count as the same
+GPU_TOLERANCE = 0.01  # 1 % of GPU-seconds: likewise
+
+
+def verdict(
+    default: Evaluation, tuned: Evaluation, *, slo_tol: float = SLO_TOLERANCE, gpu_tol: float = GPU_TOLERANCE
+) -> str:
+    """How ``tuned`` compares with ``default`` on one trace: ``dominates`` (better on SLO or GPU-s, worse on
+    neither), ``same`` (within ``slo_tol`` points and ``gpu_tol`` relative), ``trade-off`` (better on one,
+    worse on the other), ``worse`` (worse on one or both, better on neither). Unknown SLO counts as worse."""
+    if math.isnan(tuned.slo_attainment) or default.gpu_seconds <= 0:
+        return "worse"
+    d_slo = tuned.slo_attainment - default.slo_attainment if not math.isnan(default.slo_attainment) else 1.0
+    d_gpu = tuned.gpu_seconds / default.gpu_seconds - 1.0
+    better = (d_slo > slo_tol) + (d_gpu < -gpu_tol)
+    worse = (d_slo < -slo_tol) + (d_gpu > gpu_tol)
+    if better and not worse:
+        return "dominates"
+    if worse and not better:
+        return "worse"
+    return "trade-off" if better else "same"
+
+
 @dataclass(frozen=True)
 class Comparison:
-    """The shipped defaults and the tuned config on the same steps."""
+    """The shipped defaults and the tuned config on the same steps of one trace (``role``: train or held
+    out)."""
 
     name: str
     default: Evaluation
     tuned: Evaluation
+    role: Literal["train", "held-out"] = "held-out"
+
+    @property
+    def gpu_ratio(self) -> float:
+        """Tuned GPU-s / default GPU-s (NaN when the defaults used none)."""
+        return self.tuned.gpu_seconds / self.default.gpu_seconds if self.default.gpu_seconds else math.nan
+
+    @property
+    def slo_delta(self) -> float:
+        """Tuned minus default SLO attainment (points as a fraction: 0.01 = 1 point)."""
+        return self.tuned.slo_attainment - self.default.slo_attainment
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.default, self.tuned)
 
     def to_json(self) -> dict[str, Any]:
-        return {"trace": self.name, "default": self.default.to_json(), "tuned": self.tuned.to_json()}
+        return {
+            "trace": self.name,
+            "role": self.role,
+            "default": self.default.to_json(),
+            "tuned": self.tuned.to_json(),
+            "gpu_ratio": self.gpu_ratio,
+            "slo_delta": self.slo_delta,
+            "verdict": self.verdict,
+        }
 
 
 def compare(
-    name: str, steps: Sequence[Step], tuned: PolicyConfig, make_forecaster: ForecasterFactory
+    name: str,
+    steps: Sequence[Step],
+    tuned: PolicyConfig,
+    make_forecaster: ForecasterFactory,
+    *,
+    role: Literal["train", "held-out"] = "held-out",
+    default: Evaluation | None = None,
 ) -> Comparison:
-    """Replay ``steps`` under ``PolicyConfig()`` and under ``tuned``."""
-    return Comparison(
-        name, evaluate(PolicyConfig(), steps, make_forecaster), evaluate(tuned, steps, make_forecaster)
+    """Replay ``steps`` under ``tuned`` and (unless ``default`` is given, e.g. a baseline already replayed)
+    under ``PolicyConfig()``."""
+    base = default if default is not None else evaluate(PolicyConfig(), steps, make_forecaster)
+    return Comparison(name, base, evaluate(tuned, steps, make_forecaster), role)
+
+
+def split_table(
+    train_steps: Sequence[Step],
+    holdout_steps: Sequence[Step],
+    tuned: PolicyConfig,
+    make_forecaster: ForecasterFactory,
+    *,
+    train_default: Evaluation | None = None,
+) -> list[Comparison]:
+    """Defaults vs ``tuned``: one row per training trace (its steps, as tuned; ``train_default`` reuses the
+    defaults' replay of ``train_steps``), then one per held-out trace."""
+    base = (
+        train_default if train_default is not None else evaluate(PolicyConfig(), train_steps, make_forecaster)
     )
+    mine = evaluate(tuned, train_steps, make_forecaster)
+    base_by, mine_by = base.by_trace(), mine.by_trace()
+    rows = [Comparison(k, base_by[k], mine_by[k], "train") for k in mine_by]
+    groups: dict[str, list[Step]] = {}
+    for st in holdout_steps:
+        groups.setdefault(st.source, []).append(st)
+    for k, steps in groups.items():
+        rows.append(compare(k, steps, tuned, make_forecaster, role="held-out"))
+    return rows

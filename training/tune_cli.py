@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
@@ -27,9 +28,12 @@ def _pct(x: float) -> str:
 
 def tune_cmd(
     trace: Annotated[
-        list[Path],
+        list[str],
         typer.Option(
-            "--trace", "-t", help="Training trace (Azure CSV, Mooncake JSONL, BurstGPT CSV); repeat."
+            "--trace",
+            "-t",
+            help="Training trace (Azure CSV, Mooncake JSONL, BurstGPT CSV), optionally FILE:key=value,... with "
+            "keys ttft_ms, itl_ms, duration_s, slo_target (this trace's own); repeat (each trace weighs the same).",
         ),
     ],
     trials: Annotated[
@@ -57,15 +61,26 @@ def tune_cmd(
     objective: Annotated[
         str,
         typer.Option(
-            help="pareto (NSGA-II, SLO violation and GPU-s) or constrained (SLO >= target, min GPU-s)."
+            help="improve (beat the defaults on every trace: GPU-s ratio, SLO kept), pareto (NSGA-II, SLO "
+            "violation and GPU-s) or constrained (SLO >= target, min GPU-s)."
         ),
-    ] = "constrained",
+    ] = "improve",
     slo_target: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="SLO attainment the chosen config must reach.")
-    ] = 0.99,
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="SLO attainment to reach; default 0.99 (constrained, pareto), none (improve: keep each trace's "
+            "defaults' SLO; a target above a trace's defaults is chased when reachable).",
+        ),
+    ] = None,
     penalty: Annotated[
-        float, typer.Option(min=0.0, help="Constrained: GPU-s x (1 + PENALTY x SLO deficit).")
-    ] = 10.0,
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="GPU-s (ratio) x (1 + PENALTY x SLO deficit); default 100 (improve), 10 (constrained).",
+        ),
+    ] = None,
     chunks: Annotated[
         int, typer.Option(min=1, help="Split each trace into CHUNKS time windows: one pruning step each.")
     ] = 3,
@@ -75,10 +90,20 @@ def tune_cmd(
     duration_s: Annotated[
         float | None, typer.Option(help="Tune on each --trace's first DURATION_S seconds only.")
     ] = None,
-    test_trace: Annotated[
-        list[Path] | None,
+    holdout: Annotated[
+        list[str] | None,
         typer.Option(
-            "--test-trace", help="Held-out trace: replay defaults and best on it afterwards; repeat."
+            "--holdout",
+            "--test-trace",
+            help="Held-out trace (FILE[:key=value,...] as --trace): replay defaults and best on it afterwards, "
+            "with a verdict; repeat.",
+        ),
+    ] = None,
+    around_defaults: Annotated[
+        float | None,
+        typer.Option(
+            min=1.0,
+            help="Search only near the defaults: floats within x/FACTOR..x*FACTOR, integers +-1 (default: all).",
         ),
     ] = None,
     profile: Annotated[str, typer.Option(help="Hardware profile MODEL/GPU.")] = "llama3-8b/a100",
@@ -100,7 +125,14 @@ def tune_cmd(
     Searched (training/tune.py SEARCH_SPACE): buffer multiplier, standby prefill/decode counts, burst
     threshold, QPS change-rate alert, ramp-up, scale-down delay, headroom, P:D ratio bounds.
 
-    [bold]--objective constrained[/] (default): minimise GPU-seconds x (1 + PENALTY x SLO deficit) with TPE;
+    [bold]--objective improve[/] (default): beat the shipped defaults on every training trace. The defaults
+    are replayed once first; per trace a trial scores GPU-s / defaults' GPU-s x (1 + PENALTY x SLO deficit),
+    the deficit against max(defaults' SLO, target) when the target is reachable (the defaults or the most
+    generous corner of the space reach it), else against the defaults' own SLO (no --slo-target by default:
+    every trace keeps its defaults' SLO); the study minimises the mean
+    over traces (each weighs the same). Below 1 = fewer GPU-s with every trace's SLO kept. Pruned per chunk
+    against the median, like constrained.
+    [bold]--objective constrained[/]: minimise GPU-seconds x (1 + PENALTY x SLO deficit) with TPE;
     a penalty rather than an Optuna constraint, so that the search still weighs cost while no trial reaches
     the target. After each chunk the objective projected from the chunks done so far is reported and a trial
     worse than the median of the completed trials at the same chunk is pruned (after --prune-startup trials
@@ -109,20 +141,24 @@ def tune_cmd(
     [bold]--objective pareto[/]: NSGA-II on (SLO violation rate, GPU-seconds), a Pareto front; Optuna cannot
     prune multi-objective studies, so every trial replays every chunk.
 
-    Written config (both modes): of the completed trials meeting --slo-target, the one with the least GPU-s;
-    when none does, the least penalised GPU-s (constrained) or the best SLO (pareto). `pdscale config check` and `pdscale controller --config` take it
+    Written config: improve, the least score; otherwise of the completed trials meeting --slo-target, the one
+    with the least GPU-s; when none does, the least penalised GPU-s (constrained) or the best SLO (pareto).
+    Its pool carries --slo-ttft-ms/--slo-itl-ms (not a trace's own). `pdscale config check` and `pdscale controller --config` take it
     as it is; it lists only the fields that differ from the defaults.
 
     Workers: every `pdscale tune` pointed at the same --storage and --study shares the study; each runs trials
     until the study holds --trials finished (complete + pruned) trials, counting the ones others are running.
     SQLite suits one machine; give several machines a PostgreSQL URL. Give each worker its own --worker-index.
 
-    --test-trace replays the shipped defaults and the tuned config on held-out traces (train/test split).
+    --holdout (alias --test-trace) replays the shipped defaults and the tuned config on held-out traces: the
+    split table (a row per training and held-out trace) with a verdict each: dominates (better on SLO or GPU-s,
+    worse on neither; 0.1 point and 1 % tolerances), same, trade-off, worse.
 
     Example:
       pdscale tune --trace datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv --duration-s 1800
         --trials 50 --study code30 --out best.yaml --plots plots/
-        --test-trace datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.csv
+        --holdout datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.csv
+        --holdout datasets/mooncake/synthetic_trace.jsonl:ttft_ms=10000
     """
     import logging
     import warnings
@@ -142,15 +178,16 @@ def tune_cmd(
         raise _fail(f"--objective {objective!r}: expected one of {tune.MODES}")
     settings = tune.TuneSettings(
         mode=cast("tune.Mode", objective),
-        slo_target=slo_target,
-        penalty=penalty,
+        slo_target=tune.DEFAULT_SLO_TARGET[objective] if slo_target is None else slo_target,
+        penalty=tune.DEFAULT_PENALTY[objective] if penalty is None else penalty,
         chunks=chunks,
         forecaster=forecaster,
-        traces=tuple(str(p) for p in trace),
+        traces=tuple(trace),
         duration_s=duration_s,
         profile=profile,
         slo_ttft_ms=slo_ttft_ms,
         slo_itl_ms=slo_itl_ms,
+        around_defaults=around_defaults,
     )
     problems = settings.problems()
     if problems:
@@ -158,9 +195,12 @@ def tune_cmd(
     out = out or Path(f"{study}-best.yaml")
     url = storage or f"sqlite:///{(out.parent / 'tune.db').as_posix()}"
     try:
-        train = [(str(p), read_trace(p)) for p in trace]
-        tests = [(str(p), read_trace(p)) for p in test_trace or []]
+        train_specs = [tune.parse_trace_spec(t, "--trace") for t in trace]
+        test_specs = [tune.parse_trace_spec(t, "--holdout") for t in holdout or []]
+        train = [(sp.text, read_trace(Path(sp.path))) for sp in train_specs]
+        tests = [(sp.text, read_trace(Path(sp.path))) for sp in test_specs]
         steps = tune.load_steps(settings, train)
+        test_steps = tune.load_steps(replace(settings, duration_s=None), tests, chunks=1, option="--holdout")
         make_forecaster = tune.forecaster_factory(forecaster)
         the_study = tune.open_study(
             settings, tune.storage_for(url), study, seed=seed, worker=worker_index, n_trials=trials,
@@ -174,7 +214,20 @@ def tune_cmd(
         f"forecaster {forecaster}, worker {worker_index} (seed {seed + worker_index})",
         highlight=False,
     )
-    objective_fn = tune.make_objective(settings, steps, make_forecaster, worker_index)
+    baseline = None
+    if settings.mode == "improve":
+        baseline = tune.make_baseline(steps, make_forecaster, settings.slo_target)
+        for name, b in baseline.to_json().items():
+            probe = b["probe_slo_attainment"]
+            console.print(
+                f"defaults on {name}: SLO {_pct(b['default']['slo_attainment'])}, "
+                f"{b['default']['gpu_seconds']:,.0f} GPU-s; target {b['slo_target']:.2%} "
+                + ("reached" if probe is None else f"{'reachable' if b['target_reachable'] else 'unreachable'} "
+                   f"(most generous config: {_pct(probe)})")
+                + f"; a trial must keep SLO >= {b['reference_slo']:.2%}",
+                highlight=False,
+            )  # fmt: skip
+    objective_fn = tune.make_objective(settings, steps, make_forecaster, worker_index, baseline)
     progress = Progress(
         TextColumn(f"worker {worker_index}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[best]}"),
         TimeElapsedColumn(), console=Console(stderr=True),
@@ -188,34 +241,50 @@ def tune_cmd(
             cands = tune.candidates(st)
             best = ""
             if cands:
-                c = tune.choose(cands, slo_target, settings.choice_penalty).candidate
+                c = tune.choose_for(cands, settings, baseline).candidate
                 best = f"best #{c.number}: SLO {c.slo_attainment:.2%}, {c.gpu_seconds:,.0f} GPU-s"
+                if c.score is not None:
+                    best += f", score {c.score:.3f}"
             progress.update(task, completed=min(done, trials), best=best)
 
         mine = tune.run_worker(the_study, objective_fn, trials, on_trial=on_trial)
-    doc = _report(the_study, settings, study, url, out, mine, console)
+    doc = _report(the_study, settings, study, url, out, mine, console, baseline)
     if doc is None:
         raise typer.Exit(code=1)
+    if baseline is not None:
+        doc["baseline"] = baseline.to_json()
+        doc["defaults_score"] = baseline.default_score(settings.penalty)
     chosen = tune.config_from_params(doc["best"]["params"])
-    comparisons = [tune.compare("train: " + ", ".join(settings.traces), steps, chosen, make_forecaster)]
-    for name, tr in tests:
-        comparisons.append(
-            tune.compare(name, [tune.Step(name, tr, settings.fleet())], chosen, make_forecaster)
-        )
-    console.print(_comparison_table(comparisons))
-    on_train = comparisons[0]
-    defaults = tune.Candidate(10**9, on_train.default.slo_attainment, on_train.default.gpu_seconds)
-    best = tune.Candidate(doc["best"]["trial"], on_train.tuned.slo_attainment, on_train.tuned.gpu_seconds)
-    doc["defaults_better"] = (
-        tune.choose([best, defaults], slo_target, settings.choice_penalty).candidate is defaults
+    comparisons = tune.split_table(
+        steps, test_steps, chosen, make_forecaster, train_default=baseline.default if baseline else None
     )
-    if doc["defaults_better"]:
+    console.print(_comparison_table(comparisons))
+    if baseline is not None:
+        doc["defaults_better"] = not doc["best"]["feasible"]  # the defaults were kept
+    else:
+        on_train = [c for c in comparisons if c.role == "train"]
+        d_slo = sum(c.default.slo_attainment * c.default.requests for c in on_train) / max(
+            sum(c.default.requests for c in on_train), 1
+        )
+        defaults = tune.Candidate(10**9, d_slo, sum(c.default.gpu_seconds for c in on_train))
+        best = tune.Candidate(doc["best"]["trial"], doc["best"]["slo_attainment"], doc["best"]["gpu_seconds"])
+        doc["defaults_better"] = (
+            tune.choose([best, defaults], settings.slo_target, settings.choice_penalty).candidate is defaults
+        )
+    if doc["defaults_better"] and baseline is not None:
+        console.print(
+            "[yellow]warning:[/] no trial beat the shipped defaults on the training traces: the written config is "
+            "the defaults (more --trials may find one; the split table then compares the defaults with themselves)",
+            highlight=False,
+        )
+    elif doc["defaults_better"]:
         console.print(
             "[yellow]warning:[/] the shipped defaults beat every trial on the training traces by the same rule: "
             "run more --trials before deploying the written config",
             highlight=False,
         )
     doc["comparisons"] = [c.to_json() for c in comparisons]
+    doc["held_out_verdicts"] = {c.name: c.verdict for c in comparisons if c.role == "held-out"}
     if plots is not None:
         files, notes = tune.write_plots(the_study, plots, settings.mode)
         doc["plots"] = [str(p) for p in files]
@@ -243,7 +312,14 @@ def _warn_same_index(study: Any, worker_index: int, console: Console) -> None:
 
 
 def _report(
-    study: Any, settings: Any, name: str, url: str, out: Path, mine: int, console: Console
+    study: Any,
+    settings: Any,
+    name: str,
+    url: str,
+    out: Path,
+    mine: int,
+    console: Console,
+    baseline: Any = None,
 ) -> dict[str, Any] | None:
     """Choose, write and print the best trial; the JSON document so far (None when nothing completed)."""
     from optuna.trial import TrialState
@@ -264,12 +340,13 @@ def _report(
     if not cands:
         Console(stderr=True).print("[bold red]error:[/] no completed trial: no config written")
         return None
-    choice = tune.choose(cands, settings.slo_target, settings.choice_penalty)
+    choice = tune.choose_for(cands, settings, baseline)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(tune.config_yaml(choice, settings, name, url), encoding="utf-8")
     c = choice.candidate
     front = tune.pareto_front(cands)
-    table = Table(title=f"chosen: trial {c.number} — {choice.rule}")
+    which = "the shipped defaults" if c.number == tune.DEFAULTS_TRIAL else f"trial {c.number}"
+    table = Table(title=f"chosen: {which} — {choice.rule}")
     table.add_column("parameter")
     table.add_column("default", justify="right")
     table.add_column("tuned", justify="right")
@@ -278,7 +355,7 @@ def _report(
         table.add_row(key, f"{default[key]:g}", f"{value:.4g}")
     console.print(table)
     console.print(
-        f"trial {c.number}: SLO {c.slo_attainment:.2%}, {c.gpu_seconds:,.0f} GPU-s; Pareto front: {len(front)} "
+        f"{which}: SLO {c.slo_attainment:.2%}, {c.gpu_seconds:,.0f} GPU-s; Pareto front: {len(front)} "
         f"trial(s); wrote {out}",
         highlight=False,
     )
@@ -293,6 +370,7 @@ def _report(
             "feasible": choice.feasible,
             "slo_attainment": c.slo_attainment,
             "gpu_seconds": c.gpu_seconds,
+            "score": c.score,
             "params": dict(c.params),
             "config": str(out),
         },
@@ -304,18 +382,27 @@ def _report(
 
 
 def _comparison_table(comparisons: list[Comparison]) -> Table:
-    table = Table(title="defaults vs tuned (train = the tuning steps, the rest held out)")
-    for col in ("trace", "SLO default", "SLO tuned", "GPU-s default", "GPU-s tuned", "GPU-s tuned/default"):
-        table.add_column(col, justify="left" if col == "trace" else "right")
+    table = Table(title="defaults vs tuned: training traces, then held-out traces")
+    cols = (
+        "trace",
+        "role",
+        "SLO default",
+        "SLO tuned",
+        "GPU-s default",
+        "GPU-s tuned",
+        "tuned/default",
+        "verdict",
+    )
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("trace", "role", "verdict") else "right")
 
     def gpu(e: Evaluation) -> str:
         return f"{e.gpu_seconds:,.0f}"
 
     for c in comparisons:
-        ratio = c.tuned.gpu_seconds / c.default.gpu_seconds if c.default.gpu_seconds else math.nan
         table.add_row(
-            c.name, _pct(c.default.slo_attainment), _pct(c.tuned.slo_attainment), gpu(c.default), gpu(c.tuned),
-            f"{ratio:.2f}",
+            c.name, c.role, _pct(c.default.slo_attainment), _pct(c.tuned.slo_attainment), gpu(c.default),
+            gpu(c.tuned), f"{c.gpu_ratio:.2f}", c.verdict,
         )  # fmt: skip
     return table
 

@@ -43,7 +43,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         cap,
         ctx.slo_ttft_ms / 1000.0,
         cfg.provision_lead_s,
-        offered=True,
+        offered=stages.uses_offered(obs, cfg),
         persistent_queue=queue_s >= cfg.queue_persist_s,
     )
     if need is None:
@@ -81,6 +81,16 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         reasons.append(why_ratio)
 
     wanted = {"prefill": prefill, "decode": decode}
+    hold_s, why_hold = stages.burst_hold(state.burst_runs, obs.now_s, cfg)
+    if why_hold:
+        reasons.append(why_hold)
+    short, why_short = stages.short_burst(state.burst_runs, state.need_blocks, obs.now_s, cfg)
+    if short and queue_s < cfg.queue_persist_s:
+        for role in ROLES:
+            warm = obs.replicas.get(role, 0) + obs.standby.get(role, 0)
+            if wanted[role] > warm:
+                reasons.append(f"{why_short}: {role} {wanted[role]} → {warm}")
+                wanted[role] = warm
     bounds = {"prefill": (cfg.min_prefill, cfg.max_prefill), "decode": (cfg.min_decode, cfg.max_decode)}
     roles = dict(state.roles)
     final: dict[str, int] = {}
@@ -95,6 +105,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             state.roles.get(role, RoleHistory()),
             can_scale_down=obs.complete,
             fast_up=obs.standby.get(role, 0),
+            hold_s=hold_s,
         )
         if why_h:
             reasons.append(why_h)
@@ -103,6 +114,16 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         if clamped != target:
             reasons.append(f"{role}: clamped {target} → {clamped} to [{lo}, {hi}]")
         final[role] = clamped
+    if cfg.standby_counts_spare:
+        for role in ROLES:
+            spare = final[role] - wanted[role]
+            if spare > 0 and standby_target[role] > 0:
+                kept = max(0, standby_target[role] - spare)
+                reasons.append(
+                    f"{role}: standby {standby_target[role]} → {kept}: {spare} active replica(s) held above the"
+                    " target already absorb a burst"
+                )
+                standby_target[role] = kept
     state = replace(state, roles=roles)
     plan = ScalingPlan(
         pool=obs.pool,

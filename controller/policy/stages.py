@@ -302,13 +302,16 @@ def standby_size(need: float, target: int, headroom: float, spread: float, most:
 
     Standby activates in seconds, so it is what absorbs a burst inside the forecast's horizon; but it holds
     a GPU all the time, so it is only worth what the rounded-up active target lacks. The burst to cover is
-    the need (p90, with headroom) pushed up by the forecast's own spread, ``(p90 - p50) / p90``: about the
-    distance from p90 to p99 of the forecast. Standby = that burst's instances minus the active target, in
+    the need (p90) pushed up by the forecast's own spread, ``(p90 - p50) / p90`` (about the distance from p90
+    to p99 of the forecast), or by the headroom when that is larger: the headroom already held on the active
+    target is there for the forecast's error, so standby covers only the spread beyond it (session 2 pushed
+    the need up by both, ``(1 + h)(1 + spread)``: a decode standby held through every quiet minute of Azure
+    conv for no SLO, docs/BENCHMARKS.md). Standby = that burst's instances minus the active target, in
     [0, ``most``]. Unknown spread (no forecast) is not zero uncertainty: it gets ``most``.
     """
     if not _known(spread):
         return most, f"standby {most} (forecast spread unknown)"
-    burst = math.ceil(need * (1 + headroom) * (1 + spread) - 1e-9)
+    burst = math.ceil(need * max(1 + headroom, 1 + spread) - 1e-9)
     size = max(0, min(most, burst - target))
     return size, f"standby {size}: burst need {burst} (spread {spread:.0%}) over active {target}"
 
@@ -379,6 +382,7 @@ def hysteresis_stage(
     history: RoleHistory,
     can_scale_down: bool,
     fast_up: int,
+    hold_s: float = 0.0,
 ) -> tuple[int, RoleHistory, str | None]:
     """Stage 7: tolerance band, rate limits and the time-based scale-down delay for one role.
 
@@ -388,9 +392,12 @@ def hysteresis_stage(
     the current ones, whichever is more) per minute since the last change.
     Scale-up is limited to a ramp of (max - min) replicas per ``ramp_up_s``, at least one per decision,
     plus ``fast_up`` replicas that are already warm (standby promotion is not rate-limited).
+    ``hold_s`` (a burst hold, see ``burst_hold``) lengthens the scale-down window to that many seconds.
     """
-    window_s = cfg.scale_down_delay_s
-    recent = (*tuple((t, w) for t, w in history.recent_targets if now_s - t < window_s), (now_s, wanted))
+    window_s = max(cfg.scale_down_delay_s, hold_s)
+    keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
+    kept = tuple((t, w) for t, w in history.recent_targets if now_s - t < keep_s)
+    recent = (*tuple((t, w) for t, w in kept if now_s - t < window_s), (now_s, wanted))
     target = wanted
     reason = None
     if current > 0 and abs(target - current) / current <= cfg.tolerance:
@@ -425,7 +432,7 @@ def hysteresis_stage(
     new_history = RoleHistory(
         last_scale_up_s=now_s if target > current else history.last_scale_up_s,
         last_change_s=now_s if target != current else history.last_change_s,
-        recent_targets=recent,
+        recent_targets=(*kept, (now_s, wanted)),
     )
     return target, new_history, reason
 
@@ -461,7 +468,14 @@ def clamp(value: int, lo: int, hi: int) -> int:
 NEED_BLOCK_S = 5.0  # the burst reserve keeps the most instances the load needed per block this long
 
 
-def load_need(obs: PoolObservation, cap: PoolCapacity) -> tuple[float, float]:
+def uses_offered(obs: PoolObservation, cfg: PolicyConfig) -> bool:
+    """Whether the offered prompt load (arrivals × mean prompt) is taken beside the prompt counter: not when
+    the counter already counts at arrival and ``cfg.offered_at_arrival`` is off (the max of two estimates
+    of one thing only adds an upward bias)."""
+    return cfg.offered_at_arrival or not obs.prompt_at_arrival
+
+
+def load_need(obs: PoolObservation, cap: PoolCapacity, offered: bool = True) -> tuple[float, float]:
     """Instances (prefill, decode) the measured load needs now: no forecast, no queue, no headroom; the
     prompt load is the higher of the prefilled-token counter and arrivals × mean prompt (a burst's size is
     what arrived, whether or not the fleet kept up). NaN when the load is unknown.
@@ -470,9 +484,12 @@ def load_need(obs: PoolObservation, cap: PoolCapacity) -> tuple[float, float]:
     measured running sequences: the reserve remembers what load arrived, and an overloaded pool's running
     count is its backlog (a prefill queue flushed into decode, sequences slowed past the ITL SLO). On the
     1↔24 req/s sinusoid one such flush read 1,762 running against 1,057 by Little's law, and the reserve
-    held that peak (decode 90 → max) for the rest of the hour."""
+    held that peak (decode 90 → max) for the rest of the hour.
+
+    ``offered=False`` takes the prompt counter as it is (right when it counts at arrival, see
+    ``PoolObservation.prompt_at_arrival``)."""
     prompt_tps = obs.prompt_tps
-    if _known(prompt_tps) and _known(obs.arrival_rps) and _known(obs.mean_prompt_tokens):
+    if offered and _known(prompt_tps) and _known(obs.arrival_rps) and _known(obs.mean_prompt_tokens):
         prompt_tps = max(prompt_tps, obs.arrival_rps * obs.mean_prompt_tokens)
     measured = replace(obs, forecast=None, waiting_requests=0.0, prompt_tps=prompt_tps, running_seqs=math.nan)
     need = capacity_target(measured, cap, slo_ttft_s=1.0)  # no queue: the SLO is moot
@@ -557,11 +574,15 @@ def burst_reserve_stage(
     difference warm as standby (promoted in seconds on an alert), 'off' does nothing. Returns (prefill,
     decode, standby (prefill, decode) the reserve asks for, state, reasons).
     """
-    if cfg.burst_reserve == "off":
+    if cfg.burst_reserve == "off" and cfg.burst_hold == "off" and not cfg.short_burst_cap:
         return prefill, decode, (0, 0), state, ()
-    now_need = load_need(obs, cap)
+    now_need = load_need(obs, cap, offered=uses_offered(obs, cfg))
     keep_s = cfg.burst_window_s + cfg.provision_lead_s
     blocks, opened = update_need_blocks(state.need_blocks, obs.now_s, now_need, keep_s)
+    if opened and (cfg.burst_hold != "off" or cfg.short_burst_cap):
+        state = replace(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
+    if cfg.burst_reserve == "off":
+        return prefill, decode, (0, 0), replace(state, need_blocks=blocks), ()
     rise, peak = state.reserve
     if opened or (math.isnan(rise[0]) and len(blocks) >= 2):
         rise, peak = burst_reserve(blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom)
@@ -617,3 +638,102 @@ def queue_age(obs: PoolObservation, state: PoolState) -> tuple[float, PoolState]
         return 0.0, replace(state, queue_since_s=math.nan)
     since = state.queue_since_s if math.isfinite(state.queue_since_s) else obs.now_s
     return obs.now_s - since, replace(state, queue_since_s=since)
+
+
+def update_burst_runs(
+    runs: tuple[tuple[float, float], ...],
+    blocks: tuple[tuple[float, float, float, int], ...],
+    headroom: float,
+    keep_s: float,
+) -> tuple[tuple[float, float], ...]:
+    """Fold the last *completed* need block (``blocks[-2]``; call when a new block opens) into the bursts seen:
+    runs of consecutive "high" blocks as (start_s, end_s). A block is high when its total need (prefill +
+    decode instances) exceeds the median block of the window by more than the headroom covers and by at
+    least one instance: a load the capacity kept for the typical load does not carry. Runs that ended more
+    than ``keep_s`` before the block are forgotten."""
+    if len(blocks) < 2:
+        return runs
+    totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
+    median = float(np.median(totals))
+    start, need = blocks[-2][0], float(totals[-1])
+    end = start + NEED_BLOCK_S
+    runs = tuple(r for r in runs if end - r[1] <= keep_s)
+    if not _is_high(need, median, headroom):
+        return runs
+    if runs and runs[-1][1] >= start - 1e-9:
+        return (*runs[:-1], (runs[-1][0], end))
+    return (*runs, (start, end))
+
+
+def burst_hold(
+    runs: tuple[tuple[float, float], ...], now_s: float, cfg: PolicyConfig
+) -> tuple[float, str | None]:
+    """How long a scale-down window the bursts seen call for now (0 = none), and why.
+
+    Capacity released between bursts comes back one cold start (``provision_lead_s``) after it is asked
+    for, so it is worth holding while the next burst is likely to start sooner than that. With the gaps
+    between the bursts seen (start of a burst − end of the one before) and τ = the time since the last burst
+    ended, the empirical hazard is P(gap ≤ τ + lead | gap > τ) = #{τ < g ≤ τ + lead} / #{g > τ}. Hold
+    (the window reaches back to the last burst's start, so its peak target stays) while that is at least
+    ``burst_hold_probability``, or while fewer than ``burst_hold_min_gaps`` gaps are known (unknown is not
+    "no burst coming"); never more than ``burst_hold_max_s`` after the burst, never without a burst seen,
+    and not after a high load that lasted one cold start or more (a level change, which cold capacity
+    follows: a slow ramp or a sinusoid's crest is not a burst)."""
+    if cfg.burst_hold == "off" or not runs:
+        return 0.0, None
+    last_start, last_end = runs[-1]
+    tau = max(now_s - last_end, 0.0)
+    lead = cfg.provision_lead_s
+    if tau >= cfg.burst_hold_max_s or last_end - last_start >= lead:
+        return 0.0, None  # a high load that lasted a cold start is a level cold capacity follows, not a burst
+    gaps = np.asarray([b[0] - a[1] for a, b in itertools.pairwise(runs)], dtype=np.float64)
+    window = min(now_s - last_start, cfg.burst_hold_max_s + (last_end - last_start))
+    if len(gaps) < cfg.burst_hold_min_gaps:
+        return (
+            window,
+            f"burst hold: {len(gaps)} gaps between bursts seen (too few to release), {tau:.0f} s since",
+        )
+    alive = gaps > tau
+    if not alive.any():
+        return 0.0, None
+    p = float(((gaps <= tau + lead) & alive).sum() / alive.sum())
+    if p < cfg.burst_hold_probability:
+        return 0.0, None
+    return window, (
+        f"burst hold: P(next burst within {lead:.0f} s | {tau:.0f} s since the last) = {p:.2f}"
+        f" over {len(gaps)} gaps → scale-down window {window:.0f} s"
+    )
+
+
+def _is_high(need: float, median: float, headroom: float) -> bool:
+    return need > max((1 + headroom) * median, median + 1.0)
+
+
+def short_burst(
+    runs: tuple[tuple[float, float], ...],
+    blocks: tuple[tuple[float, float, float, int], ...],
+    now_s: float,
+    cfg: PolicyConfig,
+) -> tuple[bool, str | None]:
+    """Whether the load is now in a burst that, by the durations of the bursts seen, will most likely be over
+    before capacity started now serves (``short_burst_cap``): P(duration > d + lead | duration > d) below
+    ``burst_hold_probability``, d = how long this one has lasted. The current block is judged by its mean so
+    far against the window's median block, as ``update_burst_runs`` judges completed ones."""
+    if not cfg.short_burst_cap or len(blocks) < 2 or len(runs) < cfg.burst_hold_min_gaps + 1:
+        return False, None
+    totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
+    start = blocks[-1][0]
+    if not _is_high(blocks[-1][1] + blocks[-1][2], float(np.median(totals)), cfg.headroom):
+        return False, None
+    began = runs[-1][0] if runs[-1][1] >= start - 1e-9 else start
+    lasted = now_s - began
+    durations = np.asarray([b - a for a, b in runs if b < start - 1e-9], dtype=np.float64)
+    alive = durations > lasted
+    lead = cfg.provision_lead_s
+    p = float((durations[alive] > lasted + lead).sum() / alive.sum()) if alive.any() else 0.0
+    if p >= cfg.burst_hold_probability:
+        return False, None
+    return True, (
+        f"short burst: P(lasts {lead:.0f} s more | {lasted:.0f} s so far) = {p:.2f} over {len(durations)}"
+        " bursts → no cold capacity for it"
+    )

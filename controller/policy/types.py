@@ -52,6 +52,9 @@ class PoolObservation:
     mean_output_tokens: float  # recent mean output length (NaN = unknown)
     forecast: PoolForecast | None = None
     complete: bool = True
+    # prompt_tps counts prompt tokens as they arrive (the router's counter), not as they were prefilled: it
+    # does not flatten at the fleet's throughput, so no offered-load estimate is needed on top of it
+    prompt_at_arrival: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,3 +132,5 @@ class PoolState:
     # (time_s, arrival_rps, prompt_tps, gen_tps) over the last ``load_smoothing_s`` (stages.smooth_load)
     load_recent: tuple[tuple[float, float, float, float], ...] = ()
     queue_since_s: float = math.nan  # when the current unbroken queue began (NaN = no queue)
+    # (start_s, end_s) of the bursts seen over the burst window (stages.update_burst_runs, burst_hold)
+    burst_runs: tuple[tuple[float, float], ...] = ()

@@ -42,6 +42,9 @@ class PoolLoad:
     itl_p90_s: float
     mean_prompt_tokens: float
     complete: bool
+    # True when prompt_tps is the router's at-arrival counter (pdscale:router_prompt_tokens_total), not the
+    # tokens the instances prefilled (which flatten at their throughput while a queue builds)
+    prompt_at_arrival: bool = False
 
     def channels(self) -> list[float]:
         """Values in the forecaster's CHANNELS order (forecaster.types.CHANNELS)."""
@@ -160,7 +163,8 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool) -> P
     # Prompt demand as it arrives when the router exports it (pdscale:router_prompt_tokens_total); else the
     # tokens the instances processed, which flatten at their throughput while a queue builds.
     routed = d.routed_prompt[prompt_sel]
-    prompt = routed if len(routed) and np.isfinite(routed).all() else d.prompt[prompt_sel]
+    at_arrival = bool(len(routed) and np.isfinite(routed).all())
+    prompt = routed if at_arrival else d.prompt[prompt_sel]
     prompt_total = float(prompt.sum())
     ttft50, ttft90 = _quantiles(d.ttft, in_pool)
     itl50, itl90 = _quantiles(d.itl, in_pool)
@@ -180,6 +184,7 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool) -> P
         itl_p90_s=itl90,
         mean_prompt_tokens=prompt_total / n_arrivals if n_arrivals > 0 else math.nan,
         complete=complete,
+        prompt_at_arrival=at_arrival,
     )
 
 

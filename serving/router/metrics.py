@@ -8,7 +8,12 @@ colons.
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 # Proxy overhead is sub-millisecond when healthy: fine buckets up to 50 ms.
 OVERHEAD_BUCKETS_S = (
@@ -22,6 +27,7 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.client_requests = Counter(
             "pdscale:router_client_requests",
             "Client requests answered, by priority class, route (pd or mixed), endpoint and HTTP status.",
@@ -78,6 +84,17 @@ class RouterMetrics:
             ["route"],
             registry=r,
         )
+
+    def child(self, metric: M, *labels: str) -> M:
+        """``metric.labels(*labels)``, bound once and kept: the request path skips prometheus_client's
+        label validation and lock (~15 µs a call). Not for metrics that get ``clear()``-ed (the gauges
+        ``queue_length`` and ``in_flight``): a kept child would outlive its clearing."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        child: M = found
+        return child
 
     def page(self) -> bytes:
         return generate_latest(self.registry)

@@ -26,7 +26,9 @@ transfer starts when the prefill ends (vLLM pulls after the decode side allocate
 KV-bound the transfer overlaps the wait instead of following it: TTFT is low by at most one transfer time
 (ms). A prefill instance that fails while holding KV for a pull loses it: the decode instance recomputes the
 prompt itself (vLLM's recompute policy on a failed KV load). Requests that find no active instance of the
-role they need wait in the pool's router queue.
+role they need wait in the pool's router queue. A request reaches its pool's router the latency model's
+``request_overhead_ms`` after it arrives (the per-request HTTP and API-server cost; 0 for the GPU profiles,
+fitted for ``cpu-tiny``); TTFT and e2e count from the arrival.
 
 Tail requests (``TailPolicy``, off by default): a request still waiting in the queue of its entry role
 (prefill, or mixed when colocated; an instance's queue or the pool's router queue) ``fraction`` of its pool's
@@ -212,9 +214,17 @@ class Simulator:
             self.pools.append(pool)
             self._pool_by_name[spec.name] = pool
         self.req, self.traces = self._build_requests(traces)
-        order = np.argsort(self.req.arrival_s, kind="stable")
+        # A request reaches its pool's instances request_overhead_ms after it arrives (the per-request
+        # client-side cost of the latency model; 0 for the GPU profiles): TTFT and e2e count from arrival.
+        delay_s = np.array(
+            [float(getattr(p.latency, "request_overhead_ms", 0.0)) / 1000.0 for p in self.pools]
+        )
+        engine_arrival_s = self.req.arrival_s
+        if np.any(delay_s != 0.0):
+            engine_arrival_s = self.req.arrival_s + delay_s[self.req.pool]
+        order = np.argsort(engine_arrival_s, kind="stable")
         self._arrival_order = order.tolist()
-        self._arrival_times = self.req.arrival_s[order].tolist()
+        self._arrival_times = engine_arrival_s[order].tolist()
         self._next_arrival = 0
         self.instances: list[Instance] = []
         self._by_id: dict[str, Instance] = {}

@@ -45,6 +45,13 @@ Llama-3-8B/A100/TP1 reference (32 query heads, 8 KV heads, head_dim 128):
 
 ``cpu-tiny`` (:class:`LinearLatencyModel`) is parametric: iteration_ms = a + b·prefill_tokens + c·decode_batch
 + d·decode_context_tokens, coefficients in ``profiles/cpu_tiny.json`` (``fit_linear_profile`` fits them).
+
+Per-request overhead (``request_overhead_ms``, every latency model has it; 0 for the GPU profiles): what a
+client sees of a request beyond the engine steps that serve it (HTTP, the API server's input processing and
+hand-off to the engine core, the first token's detokenising and trip back), measured on the real cpu-tiny
+server as client time minus engine-timed step of the same concurrency-1 prefill request. The simulator
+applies it as a delay between a request's arrival and the moment its instance can schedule it, so it adds
+to TTFT and e2e (and to queueing when it matters), not to ITL.
 """
 
 from __future__ import annotations
@@ -250,6 +257,10 @@ class OperatorLatencyModel:
             prefill_save_per_token_ms  # all layers, per prefill token (0 unless the artifact is on)
         )
         self.overhead = overhead
+
+    # Per-request client-side cost (module docstring): none is modelled for the GPU profiles, whose
+    # overhead terms are per iteration and whose replays must not change.
+    request_overhead_ms: float = 0.0
 
     @property
     def profile(self) -> HardwareProfile:
@@ -710,9 +721,17 @@ class LinearLatencyModel:
 
     Used for ``cpu-tiny`` (vLLM on CPU, tiny model: attention is a small, linear part of the work at the
     contexts it serves). ``prefill_context_tokens`` and ``prefill_seqs`` are accepted and ignored.
+    ``request_overhead_ms`` (default 0): the per-request client-side cost, see the module docstring.
     """
 
-    def __init__(self, profile: HardwareProfile, coefficients: dict[str, float], source: str) -> None:
+    def __init__(
+        self,
+        profile: HardwareProfile,
+        coefficients: dict[str, float],
+        source: str,
+        *,
+        request_overhead_ms: float = 0.0,
+    ) -> None:
         missing = [k for k in LINEAR_COEFFICIENTS if k not in coefficients]
         if missing:
             raise ProfileError(f"profile {profile.name!r}: linear coefficients missing {missing}")
@@ -721,6 +740,11 @@ class LinearLatencyModel:
             raise ProfileError(
                 f"profile {profile.name!r}: linear coefficients must be finite and >= 0, got {bad}"
             )
+        if not (math.isfinite(float(request_overhead_ms)) and float(request_overhead_ms) >= 0):
+            raise ProfileError(
+                f"profile {profile.name!r}: request_overhead_ms must be finite and >= 0, got {request_overhead_ms}"
+            )
+        self.request_overhead_ms = float(request_overhead_ms)
         self._profile = profile
         self.coefficients = {k: float(coefficients[k]) for k in LINEAR_COEFFICIENTS}
         self.source = source
@@ -795,15 +819,25 @@ class LinearLatencyModel:
         return float(out) if np.ndim(out) == 0 else out
 
 
+# Optional per-request terms of a linear profile's JSON (``"overheads": {...}``); absent = 0.
+LINEAR_OVERHEADS: tuple[str, ...] = ("request_overhead_ms",)
+
+
 def load_linear_profile(profile: HardwareProfile, path: Path = CPU_TINY_JSON) -> LinearLatencyModel:
-    """The linear model whose coefficients ``path`` holds (``{"coefficients": {...}, "source": ...}``)."""
+    """The linear model ``path`` holds: ``{"coefficients": {...}, "source": ..., "overheads":
+    {"request_overhead_ms": ...}}`` (``overheads`` optional; a missing term is 0)."""
     try:
         data = json.loads(path.read_text())
         coefficients = data["coefficients"]
         source = str(data["source"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ProfileError(f"{path}: cannot read linear coefficients and source: {exc}") from exc
-    return LinearLatencyModel(profile, coefficients, source)
+        overheads = data.get("overheads") or {}
+        unknown = sorted(set(overheads) - set(LINEAR_OVERHEADS))
+        if unknown:
+            raise ValueError(f"unknown overheads {unknown}; known: {list(LINEAR_OVERHEADS)}")
+        request_overhead_ms = float(overheads.get("request_overhead_ms", 0.0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ProfileError(f"{path}: cannot read linear coefficients, overheads and source: {exc}") from exc
+    return LinearLatencyModel(profile, coefficients, source, request_overhead_ms=request_overhead_ms)
 
 
 def fit_linear_profile(samples: Any) -> dict[str, Any]:
@@ -843,6 +877,40 @@ def fit_linear_profile(samples: Any) -> dict[str, Any]:
         "rel_err_p50": p50,
         "rel_err_p90": p90,
         "rel_err_max": worst,
+    }
+
+
+def fit_request_overhead(client_ms: Any, engine_ms: Any, config: Any) -> dict[str, Any]:
+    """``request_overhead_ms`` from paired measurements of the same requests: ``client_ms`` (what the client
+    saw of a concurrency-1 prefill request, ``max_tokens=1``) and ``engine_ms`` (the engine-timed step that
+    served it), grouped by ``config`` (e.g. ``prefill-256``).
+
+    The overhead is the median over configurations of each configuration's median difference (robust to the
+    occasional stalled step on a shared CPU). Returns ``{"request_overhead_ms", "n_pairs", "n_configs",
+    "diff_p10_ms", "diff_p90_ms", "per_config_ms": {config: median}}``. Raises ValueError naming what is
+    wrong (lengths differ, no finite pair).
+
+    Example: ``fit_request_overhead([30.0, 31.0], [21.0, 22.5], ["prefill-512", "prefill-512"])``.
+    """
+    c = np.asarray(client_ms, dtype=np.float64).ravel()
+    e = np.asarray(engine_ms, dtype=np.float64).ravel()
+    g = np.asarray(config).ravel()
+    if not (len(c) == len(e) == len(g)):
+        raise ValueError(
+            f"fit_request_overhead: client_ms ({len(c)}), engine_ms ({len(e)}) and config ({len(g)}) differ in length"
+        )
+    keep = np.isfinite(c) & np.isfinite(e)
+    if not keep.any():
+        raise ValueError("fit_request_overhead: no finite (client_ms, engine_ms) pair")
+    diff, groups = c[keep] - e[keep], g[keep]
+    per_config = {str(k): float(np.median(diff[groups == k])) for k in dict.fromkeys(groups.tolist())}
+    return {
+        "request_overhead_ms": max(float(np.median(list(per_config.values()))), 0.0),
+        "n_pairs": int(keep.sum()),
+        "n_configs": len(per_config),
+        "diff_p10_ms": float(np.percentile(diff, 10)),
+        "diff_p90_ms": float(np.percentile(diff, 90)),
+        "per_config_ms": per_config,
     }
 
 

@@ -298,8 +298,9 @@ def replay(
     t = 0.0
     while True:
         t_s.append(t)
+        counts = _counts(sim).values()  # once per tick, not once per role
         for role in roles:
-            active[role].append(sum(c.get(role, {}).get("active", 0) for c in _counts(sim).values()))
+            active[role].append(sum(c.get(role, {}).get("active", 0) for c in counts))
         holding.append(sum(1 for i in sim.instances if i.state in HOLDS_GPU))
         if progress is not None:
             progress(t, end_s)

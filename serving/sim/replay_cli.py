@@ -99,6 +99,13 @@ def replay_cmd(
             " the pool has a warm standby, one is promoted for it (default: off).",
         ),
     ] = None,
+    max_reorder_s: Annotated[
+        float,
+        typer.Option(
+            "--max-reorder-s",
+            help="Rows may arrive this many seconds before an earlier row (re-sorted); inf accepts any order.",
+        ),
+    ] = 1.0,
     predict_output: Annotated[
         bool,
         typer.Option(
@@ -160,7 +167,7 @@ def replay_cmd(
     console = Console()
     try:
         path = trace or default_trace_path()
-        requests = read_trace(path, fmt)
+        requests = read_trace(path, fmt, max_reorder_s=max_reorder_s)
         if duration_s is not None:
             requests = requests.window(0.0, duration_s)
         if config is not None:

@@ -6,12 +6,18 @@ This module is the collection side. ``scale_slice`` cuts a trace into a slice th
 (``serving.pools.loadgen``) and returns per-request ``RequestTimings``; ``validate`` does both around a
 server it starts and stops itself and returns a JSON-ready document.
 
-What to compare (wired by the lead once the engine lands): replay the SAME slice (``scale_slice``'s output,
-same arrival times and lengths) through the simulator with one ``mixed`` instance of profile ``cpu-tiny``
-(``max_num_seqs`` as the real server's), then ``compare(real_doc, sim_report.to_json())``: P50/P90 TTFT and
-per-request mean ITL, as sim/real ratios. TTFT is the sensitive one (it is queueing plus prefill, so it
-amplifies any error in prefill cost near saturation); ITL checks the decode-step model. The real figures
-include HTTP and detokenisation (a few ms per request on this box), which the simulator does not model.
+The sim side: ``simulate_slice`` replays the SAME slice (``scale_slice``'s output, same arrival times and
+lengths) through the simulator with one ``mixed`` instance of profile ``cpu-tiny`` (``max_num_seqs`` as the
+real server's; the latency model from ``profiles/cpu_tiny.json`` or another JSON of that shape), then
+``compare(real_doc, sim_report.to_json())`` gives P50/P90 TTFT and per-request mean ITL as sim/real ratios.
+TTFT is the sensitive one (queueing plus prefill plus the per-request overhead); ITL checks the decode-step
+model. ``load_real`` reads a recorded real run back, so the sim side can be rerun without a server
+(``bench/bench_vllm_cpu.py --validate --real-json FILE``).
+
+Besides the client's percentiles a real run records every request's timings (``requests``) and the
+server's own view over the replay window (``server_metrics``: mean queue, prefill and TTFT time from vLLM's
+histograms), and, with ``iteration_details``, every engine step's engine-timed duration (``iterations``):
+enough to tell engine time from what happens around it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from serving.pools.iterations import ITERATION_FLAG, parse_iterations
 from serving.pools.loadgen import RequestTimings, run_replay, scrape
 from serving.pools.local import InstanceConfig, LocalInstance, start_instance
 from serving.pools.tinymodel import build_tiny_model, normal_token_ids
@@ -122,7 +129,7 @@ def _server_counters(url: str) -> dict[str, float]:
     def pick(*candidates: str) -> float:
         return next((m.total(n) for n in candidates if n in names), math.nan)
 
-    return {
+    out = {
         "prompt_tokens": pick("vllm:prompt_tokens_total", "vllm:prompt_tokens"),
         "generation_tokens": pick("vllm:generation_tokens_total", "vllm:generation_tokens"),
         "preemptions": pick("vllm:num_preemptions_total", "vllm:num_preemptions"),
@@ -132,6 +139,72 @@ def _server_counters(url: str) -> dict[str, float]:
         "itl_mean_ms": 1e3
         * pick("vllm:inter_token_latency_seconds_sum")
         / pick("vllm:inter_token_latency_seconds_count"),
+    }
+    # sums and counts of the server's own per-request histograms (differenced over the replay window)
+    for key in SERVER_HISTOGRAMS:
+        out[f"{key}_sum"] = pick(f"vllm:{key}_seconds_sum")
+        out[f"{key}_count"] = pick(f"vllm:{key}_seconds_count")
+    return out
+
+
+# vLLM's per-request histograms: time from the API server's arrival stamp to the first token, time waiting
+# in the engine's queue, time in prefill (first scheduled to first token), in decode, end to end.
+SERVER_HISTOGRAMS = (
+    "time_to_first_token",
+    "request_queue_time",
+    "request_prefill_time",
+    "request_decode_time",
+    "e2e_request_latency",
+)
+
+
+def _window_means_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean of each server histogram over the replay window, in ms (NaN when absent or empty)."""
+    out: dict[str, float] = {}
+    for key in SERVER_HISTOGRAMS:
+        n = after[f"{key}_count"] - before[f"{key}_count"]
+        total = after[f"{key}_sum"] - before[f"{key}_sum"]
+        out[f"{key}_mean_ms"] = 1e3 * total / n if n > 0 else math.nan
+    return out
+
+
+def _iteration_summary(log_text: str) -> dict[str, Any]:
+    """Engine-timed steps of the replay window: those with prompt tokens (prefill or mixed) and
+    decode-only ones, count and p10/p50/p90/mean ms each, plus every step as rows."""
+    its = parse_iterations(log_text)
+    out: dict[str, Any] = {"steps": len(its)}
+    with_prompt = its.ctx_requests > 0
+    for name, sel in (("prefill_or_mixed", with_prompt), ("decode_only", ~with_prompt)):
+        ms = its.elapsed_ms[sel]
+        stats: dict[str, Any] = {"count": int(sel.sum())}
+        if ms.size:
+            stats |= {f"p{q}_ms": float(np.percentile(ms, q)) for q in (10, 50, 90)}
+            stats["mean_ms"] = float(ms.mean())
+        out[name] = stats
+    out["rows"] = {
+        "ctx_requests": its.ctx_requests.tolist(),
+        "ctx_tokens": its.ctx_tokens.tolist(),
+        "gen_requests": its.gen_requests.tolist(),
+        "elapsed_ms": [round(float(x), 3) for x in its.elapsed_ms],
+    }
+    return out
+
+
+def _request_rows(t: RequestTimings) -> dict[str, list[Any]]:
+    """Every request's client-side timings (ms; None where not measured), aligned with the slice."""
+
+    def ms(x: np.ndarray) -> list[float | None]:
+        return [round(float(v) * 1e3, 3) if math.isfinite(float(v)) else None for v in x]
+
+    return {
+        "scheduled_ms": ms(t.scheduled_s),
+        "sent_ms": ms(t.sent_s),
+        "ttft_ms": ms(t.ttft_s),
+        "itl_mean_ms": ms(t.itl_mean_s),
+        "e2e_ms": ms(t.e2e_s),
+        "prompt_tokens": t.prompt_tokens.tolist(),
+        "output_tokens": t.output_tokens.tolist(),
+        "completion_tokens": t.completion_tokens.tolist(),
     }
 
 
@@ -151,9 +224,12 @@ def validate(
     max_num_seqs: int = 16,
     seed: int = 0,
     health_timeout_s: float = 300.0,
+    iteration_details: bool = False,
 ) -> dict[str, Any]:
     """Cut ``trace`` with ``spec``, start a mixed tiny-model server under ``work_dir``, replay the slice,
-    stop the server, and return ``{"slice", "server", "real", "server_metrics"}`` (JSON-ready; NaN → null).
+    stop the server, and return ``{"slice", "server", "real", "requests", "server_metrics"}`` plus
+    ``iterations`` with ``iteration_details`` (the server then logs every engine step: a little more work in
+    its API process) (JSON-ready; NaN → null).
 
     Example::
 
@@ -164,19 +240,29 @@ def validate(
     spec = spec or SliceSpec()
     trace_slice = scale_slice(trace, spec)
     model_dir = build_tiny_model(work_dir / "tiny-llama", seed=0)
-    config = InstanceConfig(model_dir=model_dir, max_num_seqs=max_num_seqs, max_model_len=spec.max_model_len)
+    config = InstanceConfig(
+        model_dir=model_dir,
+        max_num_seqs=max_num_seqs,
+        max_model_len=spec.max_model_len,
+        extra_args=(ITERATION_FLAG,) if iteration_details else (),
+    )
     with start_instance(config, work_dir / "logs") as server:
         ready_s = server.wait_healthy(health_timeout_s)
         # Warm-up outside the measured slice: the first requests pay lazy initialisation.
         run_real(scale_slice(trace, SliceSpec(n_requests=4, target_rps=4.0)), server, seed=seed + 1)
         before = _server_counters(server.url)
+        log_offset = server.log_path.stat().st_size
         timings = run_real(trace_slice, server, seed=seed)
         after = _server_counters(server.url)
+        with server.log_path.open("rb") as f:
+            f.seek(log_offset)
+            log_text = f.read().decode(errors="replace")
     server_metrics = {k: after[k] - before[k] for k in ("prompt_tokens", "generation_tokens", "preemptions")}
     server_metrics |= {
         "ttft_mean_ms_cumulative": after["ttft_mean_ms"],
         "itl_mean_ms_cumulative": after["itl_mean_ms"],
     }
+    server_metrics |= _window_means_ms(before, after)
     doc = {
         "slice": asdict(spec)
         | {
@@ -195,9 +281,79 @@ def validate(
             "log": str(server.log_path),
         },
         "real": timings.summary(),
+        "requests": _request_rows(timings),
         "server_metrics": server_metrics,
     }
+    if iteration_details:
+        doc["iterations"] = _iteration_summary(log_text)
     return dict(_finite_or_none(doc))
+
+
+def load_real(path: Path) -> dict[str, Any]:
+    """A recorded real run: ``validate``'s document, or a ``bench_vllm_cpu.py --validate-json`` document
+    (its ``real`` field is ``validate``'s). Raises ValueError naming the file and the missing field."""
+    import json
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read a recorded validation run: {exc}") from exc
+    if isinstance(doc, dict) and isinstance(doc.get("real"), dict) and "slice" in doc["real"]:
+        doc = doc["real"]
+    for key in ("slice", "server", "real"):
+        if not isinstance(doc, dict) or not isinstance(doc.get(key), dict):
+            raise ValueError(f"{path}: field {key!r} missing: not a validate() document")
+    for key in ("ttft_ms", "itl_ms"):
+        if not isinstance(doc["real"].get(key), dict):
+            raise ValueError(f"{path}: field 'real.{key}' missing")
+    return dict(doc)
+
+
+def spec_of(real_doc: dict[str, Any]) -> SliceSpec:
+    """The ``SliceSpec`` a recorded run used (its ``slice`` field)."""
+    names = SliceSpec.__dataclass_fields__
+    return SliceSpec(**{k: v for k, v in real_doc["slice"].items() if k in names})
+
+
+def check_same_slice(real_doc: dict[str, Any], trace_slice: Trace, where: str = "recorded run") -> None:
+    """Raise ValueError when ``trace_slice`` is not the slice the recorded run replayed (count, mean lengths)."""
+    sl = real_doc["slice"]
+    mine = {
+        "requests": len(trace_slice),
+        "prompt_tokens_mean": float(np.mean(trace_slice.prompt_tokens)),
+        "output_tokens_mean": float(np.mean(trace_slice.output_tokens)),
+    }
+    for key, value in mine.items():
+        theirs = sl.get(key)
+        if not isinstance(theirs, int | float) or not math.isclose(float(theirs), value, rel_tol=1e-9):
+            raise ValueError(
+                f"{where}: slice.{key} is {theirs}, but the trace cut the same way gives {value} "
+                f"(a different trace file? the run's slice source: {sl.get('source')})"
+            )
+
+
+def simulate_slice(
+    trace_slice: Trace, *, max_num_seqs: int = 16, latency_json: Path | None = None
+) -> dict[str, Any]:
+    """Replay ``trace_slice`` in the simulator on one mixed ``cpu-tiny`` instance with ``max_num_seqs``;
+    the latency model from ``latency_json`` (``profiles/cpu_tiny.json``'s shape; default that file).
+    Returns the ``ReplayReport.to_json()`` document."""
+    from serving.sim.fleet import single_pool
+    from serving.sim.hardware import get_profile
+    from serving.sim.latency import CPU_TINY_JSON, load_linear_profile
+    from serving.sim.replay import PolicyOptions, make_policy, replay
+
+    profile = get_profile("cpu-tiny").with_overrides(max_num_seqs=max_num_seqs)
+    model = load_linear_profile(profile, latency_json or CPU_TINY_JSON)
+    report = replay(
+        single_pool(profile="cpu-tiny", mixed=1, max_per_role=1),
+        {"default": trace_slice},
+        make_policy("fixed", PolicyOptions(mixed=1)),
+        models=lambda _name: (profile, model),
+    )
+    doc = dict(report.to_json())
+    doc["request_ttft_ms"] = [round(float(x), 3) for x in report.request_ttft_ms]  # slice order
+    return doc
 
 
 def compare(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
@@ -212,4 +368,101 @@ def compare(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
         if isinstance(r, int | float) and isinstance(s, int | float) and r > 0 and math.isfinite(s):
             ratio = float(s) / float(r)
         out[f"{metric}.{q}"] = {"real": r, "sim": s, "sim_over_real": ratio}
+    return out
+
+
+def validate_against_sim(
+    trace: Trace,
+    *,
+    work_dir: Path,
+    spec: SliceSpec | None = None,
+    max_num_seqs: int = 16,
+    real_json: Path | None = None,
+    profile_jsons: list[Path] | None = None,
+    iteration_details: bool = False,
+) -> dict[str, Any]:
+    """Real vs simulated on one slice of ``trace``: the real side is a replay on a server this starts
+    (``validate``) or, with ``real_json``, a recorded run (no server; its slice and ``max_num_seqs`` are
+    used and the slice is checked to be the same); then the simulator on that slice once per latency JSON in
+    ``profile_jsons`` (default ``profiles/cpu_tiny.json``). Returns ``{"real", "sim", "compare"}``, the last
+    two keyed by the JSON's path (relative to the repository when inside it).
+
+    Example::
+
+        doc = validate_against_sim(read_trace(path), work_dir=Path("out/v"), real_json=Path("run.json"))
+        doc["compare"]["serving/sim/profiles/cpu_tiny.json"]["ttft_ms.p50"]["sim_over_real"]
+    """
+    from serving.sim.latency import CPU_TINY_JSON
+
+    if real_json is not None:
+        real = load_real(real_json)
+        spec = spec_of(real)
+        max_num_seqs = int(real["server"]["max_num_seqs"])
+        trace_slice = scale_slice(trace, spec)
+        check_same_slice(real, trace_slice, where=str(real_json))
+    else:
+        spec = spec or SliceSpec()
+        trace_slice = scale_slice(trace, spec)
+        real = validate(
+            trace,
+            work_dir=work_dir,
+            spec=spec,
+            max_num_seqs=max_num_seqs,
+            iteration_details=iteration_details,
+        )
+    root = Path(__file__).resolve().parents[2]
+    sims: dict[str, Any] = {}
+    comparisons: dict[str, Any] = {}
+    for path in profile_jsons or [CPU_TINY_JSON]:
+        resolved = Path(path).resolve()
+        key = str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
+        sims[key] = simulate_slice(trace_slice, max_num_seqs=max_num_seqs, latency_json=Path(path))
+        comparisons[key] = compare(real["real"], sims[key])
+    return {"real": real, "sim": sims, "compare": comparisons}
+
+
+def ttft_by_arrival_state(
+    real_doc: dict[str, Any], idle_split_s: float = 1.0, sim_ttft_ms: list[float] | None = None
+) -> dict[str, Any]:
+    """Real TTFT (client) grouped by what the server was doing when the request was sent: ``busy`` (another
+    request in flight), ``idle_short`` (idle for less than ``idle_split_s`` since the last response ended),
+    ``idle_long`` (longer, or nothing before). Each group: ``{"n", "p50", "p90"}`` in ms (None when empty).
+    Needs the per-request ``requests`` rows of a recorded run (``validate`` writes them); ``{}`` without.
+
+    Tells a per-request cost (all groups alike) from queueing (``busy`` high) and from costs of waking an
+    idle server (``idle_long`` high). With ``sim_ttft_ms`` (a ``simulate_slice`` document's
+    ``request_ttft_ms``, same order), each group also gets ``sim_p50``: the simulator's median for the same
+    requests.
+    """
+    rows = real_doc.get("requests")
+    if not isinstance(rows, dict):
+        return {}
+
+    def arr(key: str) -> np.ndarray:
+        return np.array([math.nan if v is None else float(v) for v in rows[key]], dtype=np.float64)
+
+    sent, ttft, e2e = arr("sent_ms"), arr("ttft_ms"), arr("e2e_ms")
+    done = sent + e2e
+    groups: dict[str, list[int]] = {"busy": [], "idle_short": [], "idle_long": []}
+    for i in range(len(sent)):
+        if not math.isfinite(ttft[i]):
+            continue
+        others = np.arange(len(sent)) != i
+        if np.any(others & (sent < sent[i]) & (done > sent[i])):
+            groups["busy"].append(i)
+            continue
+        ended = others & (done <= sent[i])
+        idle_ms = sent[i] - float(np.max(done[ended])) if np.any(ended) else math.inf
+        groups["idle_short" if idle_ms < idle_split_s * 1e3 else "idle_long"].append(i)
+    out: dict[str, Any] = {}
+    for name, idx in groups.items():
+        v = ttft[idx]
+        out[name] = {
+            "n": int(v.size),
+            "p50": float(np.percentile(v, 50)) if v.size else None,
+            "p90": float(np.percentile(v, 90)) if v.size else None,
+        }
+        if sim_ttft_ms is not None:
+            sim = np.asarray(sim_ttft_ms, dtype=np.float64)[idx]
+            out[name]["sim_p50"] = float(np.median(sim)) if sim.size else None
     return out

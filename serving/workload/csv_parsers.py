@@ -117,7 +117,8 @@ def _azure_arrow(
                     "TIMESTAMP": ts_type,
                     "ContextTokens": pa.int64(),
                     "GeneratedTokens": pa.int64(),
-                }
+                },
+                include_columns=list(F.AZURE_COLUMNS),  # extra columns: tokenized, not converted
             ),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
@@ -136,9 +137,9 @@ def _azure_arrow(
             continue
         if any(batch.column(i).null_count for i in range(3)):
             raise _FastPathStop(line, rows)
-        ns = pc.cast(batch.column(header.index("TIMESTAMP")), pa.int64()).to_numpy()
-        prompt = batch.column(header.index("ContextTokens")).to_numpy()
-        output = batch.column(header.index("GeneratedTokens")).to_numpy()
+        ns = pc.cast(batch.column(0), pa.int64()).to_numpy()  # include_columns order: AZURE_COLUMNS
+        prompt = batch.column(1).to_numpy()
+        output = batch.column(2).to_numpy()
         if (prompt < 0).any() or (output < 0).any():
             raise _FastPathStop(line, rows)
         pending.append((ns, prompt, output))
@@ -157,8 +158,16 @@ def _joined(
     return line, ns, prompt, output
 
 
+def _warn_extra(path: Path, header: list[str], expected: tuple[str, ...]) -> None:
+    extra = F.extra_columns(header, expected)
+    if extra:
+        msg = f"columns {extra} are not part of the format and were ignored (used: {','.join(expected)})"
+        warnings.warn(TraceWarning(path, 1, 0, msg), stacklevel=3)
+
+
 def azure_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
     header = F.csv_header(path, F.AZURE, F.AZURE_COLUMNS)
+    _warn_extra(path, header, F.AZURE_COLUMNS)
     fields = F.raw_line(path, 2).split(",")
     first_time = fields[header.index("TIMESTAMP")] if len(fields) == len(header) else ""
     aware = any(c in first_time[19:] for c in "+-Z")  # a UTC offset after YYYY-MM-DD HH:MM:SS
@@ -178,7 +187,7 @@ def azure_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
         return
     except _FastPathStop as stop:
         start_line, rows_before = stop.line, stop.rows
-    dtypes = {"TIMESTAMP": "str"}
+    dtypes = {"TIMESTAMP": "str", **{c: "str" for c in F.extra_columns(header, F.AZURE_COLUMNS)}}
     for line, df in _csv_frames(path, F.AZURE, header, dtypes, chunk_rows, start_line, rows_before):
         ts = pd.to_datetime(df["TIMESTAMP"], format="ISO8601", utc=True, errors="coerce").dt.as_unit("ns")
         prompt, bad_p = counts(df["ContextTokens"])
@@ -191,9 +200,14 @@ def azure_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
 
 def burstgpt_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
     header = F.csv_header(path, F.BURSTGPT, F.BURSTGPT_COLUMNS)
+    _warn_extra(path, header, F.BURSTGPT_COLUMNS)
     names: list[str] = []
     mismatch, first_mismatch = 0, 0
-    dtypes = {"Model": "str", "Log Type": "str"}
+    dtypes = {
+        "Model": "str",
+        "Log Type": "str",
+        **{c: "str" for c in F.extra_columns(header, F.BURSTGPT_COLUMNS)},
+    }
     for line, df in _csv_frames(path, F.BURSTGPT, header, dtypes, chunk_rows):
         t, bad = seconds(df["Timestamp"])
         prompt, bad_p = counts(df["Request tokens"])

@@ -96,27 +96,36 @@ def detect_format(path: str | Path) -> str:
     if line.startswith("{"):
         return MOONCAKE
     columns = {c.strip() for c in line.split(",")}
-    if columns == set(AZURE_COLUMNS):
-        return AZURE
-    if columns == set(BURSTGPT_COLUMNS):
+    if columns >= set(BURSTGPT_COLUMNS):  # extra columns are allowed (ignored, with a warning)
         return BURSTGPT
+    if columns >= set(AZURE_COLUMNS):
+        return AZURE
     shown = line if len(line) <= 120 else line[:117] + "..."
     raise TraceError(p, 1, f"unknown trace format: first line is {shown!r}; {FORMATS_HELP}")
 
 
 def csv_header(path: Path, fmt: str, expected: tuple[str, ...]) -> list[str]:
-    """The header's column names in file order, checked to be exactly ``expected`` (in any order)."""
+    """The header's column names in file order: every ``expected`` column (in any order), once each.
+
+    Columns beyond ``expected`` are allowed (a trace exported with a region or status column): they are
+    read as text and ignored; :func:`extra_columns` names them for a warning.
+    """
     names = [c.strip() for c in first_line(path).split(",")]
     missing = [c for c in expected if c not in names]
-    unexpected = [c for c in names if c not in expected]
-    if missing or unexpected or len(names) != len(expected):
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if missing or twice:
         raise TraceError(
             path,
             1,
-            f"header does not match the {fmt!r} format: missing columns {missing}, unexpected columns "
-            f"{unexpected} (expected {','.join(expected)}); {FORMATS_HELP}",
+            f"header does not match the {fmt!r} format: missing columns {missing}, columns named twice "
+            f"{twice} (expected {','.join(expected)}, extra columns are ignored); {FORMATS_HELP}",
         )
     return names
+
+
+def extra_columns(header: list[str], expected: tuple[str, ...]) -> list[str]:
+    """The header's columns that the format does not use (ignored by the readers)."""
+    return [c for c in header if c not in expected]
 
 
 # ---- per-value checks: None = fine, else what is wrong --------------------------------------------
@@ -184,8 +193,11 @@ def _diagnose_csv(fmt: str, header: list[str], text: str) -> str | None:
     fields = text.split(",")
     if len(fields) != len(header):
         return f"wrong column count: expected {len(header)} fields ({','.join(header)}), found {len(fields)}"
+    checks = _CSV_CHECKS[fmt]
     for column, value in zip(header, fields, strict=True):
-        problem = _CSV_CHECKS[fmt][column](value)
+        if column not in checks:
+            continue  # an extra column: ignored
+        problem = checks[column](value)
         if problem is not None:
             return f"{problem} (column {column} = {value!r})"
     return None

@@ -8,7 +8,12 @@ re-read as text to word the error. Nothing is dropped: a bad row is a ``TraceErr
 naming the file and line (1-based, header = line 1). Blank lines are allowed only at the end of a file.
 
 Ordering: a row may arrive up to ``max_reorder_s`` seconds earlier than the latest row before it; such
-rows are stably re-sorted (one ``TraceWarning`` per file says how many). A larger step back is an error.
+rows are stably re-sorted (one ``TraceWarning`` per file says how many). A larger step back is an error
+that names the line (``max_reorder_s=inf`` sorts a file in any order). Duplicate timestamps are kept.
+
+Tolerated as real files have them: a UTF-8 BOM, CRLF or LF line ends, trailing blank lines, CSV columns in
+any order, extra CSV columns (ignored, one ``TraceWarning``), extra JSON fields (ignored). A last line cut
+short (a truncated download) is an error naming that line, never silently dropped.
 """
 
 from __future__ import annotations
@@ -76,7 +81,9 @@ def _in_order(raws: Iterator[RawChunk], path: Path, fmt: str, max_reorder_s: flo
                 path,
                 raw.first_line + i,
                 f"arrival goes back {back[i]:.6g} s before an earlier row, more than max_reorder_s = "
-                f"{max_reorder_s:g} s (column {F.TIME_COLUMN[fmt]} = {value!r})",
+                f"{max_reorder_s:g} s (column {F.TIME_COLUMN[fmt]} = {value!r}); sort the file by time, or "
+                "read it with a larger max_reorder_s (inf reads rows in any order: pdscale replay/bench "
+                "--max-reorder-s inf)",
             )
         behind = back > 0
         if behind.any():
@@ -112,17 +119,37 @@ def iter_trace_chunks(
     ``arrival_s`` counts from the file's first arrival (0.0) in every chunk; ``start_time`` is that
     arrival's wall-clock time (Azure: a ``pd.Timestamp`` with the file's full ns precision) or None.
     Rows going back in time by at most ``max_reorder_s`` are stably re-sorted (a ``TraceWarning`` says
-    how many); further back is a ``TraceError``, as is any malformed row.
+    how many); further back is a ``TraceError``, as is any malformed row. ``max_reorder_s=inf`` accepts
+    rows in any order, at the cost of holding the whole file before the first chunk comes out.
 
     Example: ``sum(len(c) for c in iter_trace_chunks("big.csv", chunk_rows=500_000))``
     """
     p = Path(path)
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    if not (max_reorder_s >= 0 and math.isfinite(max_reorder_s)):
-        raise ValueError(f"max_reorder_s must be a finite number >= 0, got {max_reorder_s}")
+    if not max_reorder_s >= 0:  # NaN fails too
+        raise ValueError(f"max_reorder_s must be a number >= 0 (inf: any order), got {max_reorder_s}")
     chosen = detect_format(p) if fmt is None else F.check_format(fmt)
-    yield from _in_order(_PARSERS[chosen](p, chunk_rows), p, chosen, max_reorder_s)
+    try:
+        yield from _in_order(_PARSERS[chosen](p, chunk_rows), p, chosen, max_reorder_s)
+    except TraceError as e:
+        if e.line is not None and _cut_short_at(p) == e.line:
+            raise TraceError(p, e.line, f"{e.message}; this last line has no line end: the file looks "
+                             "truncated (cut during a download or copy?)") from None  # fmt: skip
+        raise
+
+
+def _cut_short_at(path: Path) -> int | None:
+    """The number of the last line when the file does not end with a line end, else None (error path)."""
+    with path.open("rb") as f:
+        f.seek(0, 2)
+        if f.tell() == 0:
+            return None
+        f.seek(-1, 2)
+        if f.read(1) == b"\n":
+            return None
+        f.seek(0)
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b"")) + 1
 
 
 def read_trace(

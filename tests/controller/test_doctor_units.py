@@ -602,3 +602,13 @@ def test_rbac_checks_pods_only_when_the_router_drain_marks_pods() -> None:
     doc["actuator"]["router_admin"]["mark_pods"] = False  # type: ignore[index]
     assert DoctorInputs.build(ControllerConfig.model_validate(doc)).pods is False
     assert DoctorInputs.build(None).pods is False
+
+
+def test_a_pool_descriptor_checkpoint_is_accepted(shipped: dict[str, Any], tmp_path: Path) -> None:
+    from forecaster.features import POOL_SCHEMA
+
+    doc = copy.deepcopy(shipped)
+    doc["schema"] = POOL_SCHEMA.to_dict()  # what `train-forecaster fit --pool-features` writes
+    path = write_checkpoint(tmp_path / "pool.safetensors", doc)
+    check = judge_checkpoint(path, read_checkpoint_header(path), None, full_channels(), 1.0, is_default=False)
+    assert check.verdict != "fail", check

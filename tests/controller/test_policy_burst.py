@@ -166,8 +166,9 @@ def _run(cfg: PolicyConfig, schedule: list[tuple[float, float]]) -> list[tuple[f
 def test_capacity_for_a_seen_burst_stays_through_the_quiet_that_follows() -> None:
     # 30-s bursts of 60 req/s (6 prefill instances of load) every 5 minutes, idle in between.
     burst = [(300.0, 0.0), (330.0, 60.0), (600.0, 0.0), (630.0, 60.0), (900.0, 0.0)]
-    on = _run(PolicyConfig(burst_reserve="active"), burst)
-    off = _run(PolicyConfig(burst_reserve="off"), burst)
+    # The reserve alone: the burst hold (test_policy_burst_hold.py) would also keep it through the quiet.
+    on = _run(PolicyConfig(burst_reserve="active", burst_hold="off"), burst)
+    off = _run(PolicyConfig(burst_reserve="off", burst_hold="off"), burst)
     quiet_on = min(p for t, p in on if 500.0 <= t < 600.0)
     quiet_off = min(p for t, p in off if 500.0 <= t < 600.0)
     assert quiet_off <= 1  # without the reserve the quiet sheds the burst's capacity

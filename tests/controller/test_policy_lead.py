@@ -4,6 +4,7 @@ overdispersion-aware alerts and proportional scale-down. Labelled tables on hand
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -103,7 +104,8 @@ def _fc(p50: float, p90: float) -> PoolForecast:
     [
         ("unknown spread is not zero: the maximum", 0.3, 1, NAN, 2, 2),
         ("rounding slack absorbs the burst", 0.3, 1, 0.3, 2, 0),
-        ("burst beyond the target", 10.0, 13, 0.3, 4, 4),  # ceil(10 × 1.3 × 1.3) = 17 → 4
+        ("spread within the headroom: no standby", 10.0, 13, 0.3, 4, 0),  # ceil(10 × max(1.3, 1.3)) = 13
+        ("burst beyond the target", 10.0, 13, 0.6, 4, 3),  # ceil(10 × max(1.3, 1.6)) = 16 → 3
         ("capped at the configured count", 10.0, 13, 1.0, 2, 2),
         ("no uncertainty, no standby", 10.0, 13, 0.0, 2, 0),
     ],
@@ -178,8 +180,8 @@ def test_sized_standby_falls_only_after_the_delay() -> None:
 
 def test_decide_holds_standby_through_a_calm_spell() -> None:
     cfg = PolicyConfig(ramp_up_s=0, scale_down_delay_s=60.0, provision_lead_s=120.0)
-    # need decode 4.0 → active ceil(4 × 1.3) = 6; a burst at 50 % spread: ceil(4 × 1.3 × 1.5) = 8 → standby 2
-    spread = obs(forecast=PoolForecast(5.0, 25.0, 50.0, 150_000.0, 40_000.0, 0.0))
+    # need decode 4.0 → active ceil(4 × 1.3) = 6; a burst at 80 % spread: ceil(4 × max(1.3, 1.8)) = 8 → standby 2
+    spread = obs(forecast=PoolForecast(5.0, 10.0, 50.0, 150_000.0, 40_000.0, 0.0))
     calm = obs(now_s=1100.0, forecast=forecast(prompt_tps=30_000, gen_tps=8_000))  # no spread
     plan, state = decide(ctx(spread, cfg), PoolState())
     assert plan is not None and plan.standby_decode == 2
@@ -235,3 +237,31 @@ def test_longer_lead_never_asks_for_more_and_never_below_the_load(
     assert a is not None and b is not None
     assert b.prefill <= a.prefill + 1e-9
     assert b.prefill >= o.prompt_tps / CAP.prefill_tps - 1e-9  # the arriving load is always sized
+
+
+@pytest.mark.parametrize("counts_spare", [True, False])
+def test_active_replicas_held_by_the_window_count_as_standby(counts_spare: bool) -> None:
+    cfg = PolicyConfig(
+        ramp_up_s=0,
+        scale_down_delay_s=60.0,
+        standby_sizing="flat",
+        standby_decode=2,
+        burst_hold="off",
+        standby_counts_spare=counts_spare,
+    )
+    busy = obs(replicas={"prefill": 2, "decode": 12}, forecast=forecast(gen_tps=20_000, prompt_tps=20_000))
+    plan, state = decide(ctx(busy, cfg), PoolState())
+    assert plan is not None
+    high = plan.decode
+    calm = obs(
+        now_s=1010.0,
+        replicas={"prefill": plan.prefill, "decode": high},
+        forecast=forecast(gen_tps=2_000, prompt_tps=10_000),
+    )
+    plan, _ = decide(ctx(calm, cfg), state)  # 10 s later: the window holds the decode replicas up
+    assert plan is not None and plan.decode == high
+    calm_plan, _ = decide(ctx(replace(calm, replicas={"prefill": 2, "decode": 1}), cfg), PoolState())
+    assert calm_plan is not None
+    spare = high - calm_plan.decode  # what the window holds above what the calm tick wants
+    assert spare >= 2
+    assert plan.standby_decode == (0 if counts_spare else 2)

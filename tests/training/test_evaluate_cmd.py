@@ -157,3 +157,24 @@ def test_learned_model_is_scored_and_drives_the_burst_alarms(tmp_path: Path, tra
         evaluate(trace, checkpoint=broken, score_from="+600", with_arima=False)
     with pytest.raises(EvaluationError, match="does not exist"):
         evaluate(trace, checkpoint=tmp_path / "nope.safetensors", score_from="+600", with_arima=False)
+
+
+def test_cli_takes_the_trace_as_an_option_as_the_issue_spells_it(tmp_path: Path) -> None:
+    tr = _trace(400)
+    src = tmp_path / "t.csv"
+    _write_azure(tr, src)
+    app = typer.Typer()
+    app.command("evaluate")(evaluate_cmd)
+    app.command("noop")(lambda: None)
+    args = ["--score-from", "+300", "--baselines-only", "--no-arima", "--format", "json"]
+    by_option = CliRunner().invoke(
+        app, ["evaluate", "--trace", str(src), "--json", str(tmp_path / "a.json"), *args]
+    )
+    assert by_option.exit_code == 0, by_option.output
+    by_argument = CliRunner().invoke(app, ["evaluate", str(src), "--json", str(tmp_path / "b.json"), *args])
+    assert by_argument.exit_code == 0, by_argument.output
+    assert json.loads((tmp_path / "a.json").read_text()) == json.loads((tmp_path / "b.json").read_text())
+    neither = CliRunner().invoke(app, ["evaluate", *args])
+    assert neither.exit_code == 2 and "--trace FILE" in neither.output
+    both = CliRunner().invoke(app, ["evaluate", str(src), "--trace", str(src), *args])
+    assert both.exit_code == 2

@@ -93,7 +93,10 @@ def test_cli_pareto_writes_config_json_and_plots(tmp_path: Path, traces: tuple[P
     best = doc["best"]
     front = {f["trial"] for f in doc["pareto_front"]}
     assert best["trial"] in front
-    assert [c["trace"] for c in doc["comparisons"]] == [f"train: {traces[0]}", str(traces[1])]
+    assert [(c["trace"], c["role"]) for c in doc["comparisons"]] == [
+        (str(traces[0]), "train"), (str(traces[1]), "held-out"),
+    ]  # fmt: skip
+    assert doc["held_out_verdicts"] == {str(traces[1]): doc["comparisons"][1]["verdict"]}
     for c in doc["comparisons"]:
         assert 0.0 <= c["tuned"]["slo_attainment"] <= 1.0 and c["default"]["gpu_seconds"] > 0
     # the train row's tuned figures are the chosen trial's own

@@ -1,0 +1,291 @@
+"""Unseen-trace variants: realistic traces the project was not built on, written as real users have them.
+
+Each variant is built from the bundled traces (rate-scaled, sliced, gapped, shifted to a later day) or from
+the workload generator (hours-long traces, several models, failures), then written in one of the three
+formats with the byte-level quirks real files carry: a UTF-8 BOM, CRLF line ends, extra columns, rows out
+of order within a second, duplicate timestamps, integer-second BurstGPT timestamps, a trailing partial line.
+
+``expect`` says what the readers do with it: ``ok`` (read in full; ``requests`` rows), or ``error`` (a
+``TraceError`` naming the line). Generated files go to a directory the caller names (keep them out of git).
+
+Example: ``for v in build_variants(Path("/tmp/unseen"), long=False): print(v.name, v.path)``
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from serving.workload import formats as F
+from serving.workload.readers import read_trace
+from serving.workload.synthetic import LengthDist, SyntheticParams, generate
+from serving.workload.trace import Trace
+from serving.workload.writers import write_trace
+
+_REPO = Path(__file__).resolve().parents[2]
+CODE_TRACE = Path("datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv")
+CONV_TRACE = Path("datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.csv")
+MOONCAKE_TRACE = Path("datasets/mooncake/synthetic_trace.jsonl")
+LATER_DAY = pd.Timestamp("2024-05-14 08:00:00.0084000")  # an Azure-2024-like week day, after 18:50 2023
+BURSTGPT_MODELS = ("ChatGPT", "GPT-4")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One generated trace file and what reading it must give."""
+
+    name: str
+    fmt: str
+    path: Path
+    description: str
+    expect: str  # "ok" or "error"
+    requests: int  # rows a reader must return (expect == "ok"); 0 for errors
+    long: bool = False  # hours-long: the slow entry points are run on a shorter prefix or skipped
+    error_line: int | None = None  # expect == "error": the line the TraceError must name
+
+
+def bundled(path: Path) -> Path:
+    """A bundled dataset file, in this checkout or in ../shared beside it."""
+    for root in (_REPO, _REPO.parent / "shared"):
+        if (root / path).exists():
+            return root / path
+    raise FileNotFoundError(f"bundled trace {path} not found under {_REPO} nor {_REPO.parent / 'shared'}")
+
+
+# ---- trace transformations (pure: Trace in, Trace out) --------------------------------------------
+
+
+def thin(trace: Trace, keep: float, seed: int) -> Trace:
+    """Rate × ``keep`` (< 1) by keeping each request with probability ``keep``; the burst shape stays."""
+    rng = np.random.default_rng(seed)
+    return _rebased(trace.take(np.flatnonzero(rng.random(len(trace)) < keep)))
+
+
+def superpose(trace: Trace, copies: int, jitter_s: float, seed: int) -> Trace:
+    """Rate × ``copies``: the trace laid over itself, each copy's times jittered by U(0, jitter_s) and its
+    lengths resampled from the trace, so bursts stay where they were but ``copies`` times taller."""
+    rng = np.random.default_rng(seed)
+    n = len(trace)
+    parts = []
+    for c in range(copies):
+        pick = np.arange(n) if c == 0 else rng.integers(0, n, n)
+        t = trace.arrival_s + (0.0 if c == 0 else rng.uniform(0.0, jitter_s, n))
+        parts.append((t, trace.prompt_tokens[pick], trace.output_tokens[pick]))
+    t_all = np.concatenate([p[0] for p in parts])
+    order = np.argsort(t_all, kind="stable")
+    out = Trace.from_arrays(
+        t_all[order],
+        np.concatenate([p[1] for p in parts])[order],
+        np.concatenate([p[2] for p in parts])[order],
+    )
+    return _rebased(replace(out, start_time=trace.start_time))
+
+
+def _rebased(trace: Trace) -> Trace:
+    """Times from the first remaining arrival (0.0), ``start_time`` moved with it."""
+    t0 = float(trace.arrival_s[0])
+    start = None if trace.start_time is None else pd.Timestamp(trace.start_time) + pd.Timedelta(seconds=t0)
+    return replace(trace, arrival_s=trace.arrival_s - t0, start_time=start)
+
+
+def busiest_second(trace: Trace, window_s: float = 10.0) -> float:
+    """The start of the busiest ``window_s`` (arrival count), on whole seconds."""
+    counts = np.bincount(trace.arrival_s.astype(np.int64))
+    k = max(1, int(window_s))
+    sums = np.convolve(counts, np.ones(k, dtype=np.int64), mode="valid")
+    return float(np.argmax(sums))
+
+
+def from_mid_burst(trace: Trace) -> Trace:
+    """The trace from the start of its busiest 10 s on: a replay with no history before a burst."""
+    return _rebased(trace.window(busiest_second(trace), np.inf))
+
+
+def with_idle_gap(trace: Trace, gap_s: float) -> Trace:
+    """Nothing arrives for ``gap_s`` seconds in the middle of the trace (later arrivals shifted)."""
+    mid = float(trace.arrival_s[len(trace) // 2])
+    shifted = np.where(trace.arrival_s >= mid, trace.arrival_s + gap_s, trace.arrival_s)
+    return replace(trace, arrival_s=shifted)
+
+
+def at_start(trace: Trace, start: pd.Timestamp) -> Trace:
+    return replace(trace, start_time=start)
+
+
+# ---- byte-level quirks of real files -------------------------------------------------------------
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines()
+
+
+def _write_lines(
+    path: Path, lines: list[bytes], eol: bytes = b"\n", bom: bool = False, final: bool = True
+) -> None:
+    body = eol.join(lines) + (eol if final else b"")
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + body)
+
+
+def locally_shuffled(lines: list[bytes], times: np.ndarray, max_back_s: float) -> list[bytes]:
+    """Swap each data row with its successor where they arrived less than ``max_back_s`` apart (every
+    other pair), as logs written at completion rather than arrival are."""
+    out = list(lines)
+    i = 1
+    while i < len(out) - 1:
+        if times[i] - times[i - 1] < max_back_s:  # data row i-1 of times is line i
+            out[i], out[i + 1] = out[i + 1], out[i]
+            i += 2
+        i += 1
+    return out
+
+
+def late_first_row(lines: list[bytes], times: np.ndarray, late_s: float) -> list[bytes]:
+    """Put first the first row that arrived more than ``late_s`` after the trace start."""
+    k = int(np.argmax(times - times[0] > late_s)) + 1  # its line index (the header is 0)
+    return [lines[0], lines[k], *lines[1:k], *lines[k + 1 :]]
+
+
+def with_duplicates(lines: list[bytes], every: int) -> list[bytes]:
+    """Every ``every``-th data row appears twice (same timestamp, same lengths): a logged retry."""
+    out = [lines[0]]
+    for i, line in enumerate(lines[1:], start=1):
+        out.append(line)
+        if i % every == 0:
+            out.append(line)
+    return out
+
+
+def with_extra_column(lines: list[bytes], name: bytes, value: Callable[[int], bytes]) -> list[bytes]:
+    return [lines[0] + b"," + name] + [line + b"," + value(i) for i, line in enumerate(lines[1:])]
+
+
+# ---- the variants ---------------------------------------------------------------------------------
+
+
+def _synthetic_hours(duration_s: float, rate_rps: float, diurnal: float, seed: int) -> Trace:
+    params = SyntheticParams(
+        duration_s=duration_s,
+        rate_rps=rate_rps,
+        burst_multiplier=3.0,
+        calm_mean_s=300.0,
+        burst_mean_s=30.0,
+        diurnal_amplitude=diurnal,
+        diurnal_period_s=86_400.0,
+        diurnal_phase_s=-6 * 3600.0,  # the trough at night, the peak in the afternoon
+        prompt=LengthDist(median_tokens=900.0, sigma=1.0, max_tokens=16_384),
+        output=LengthDist(median_tokens=120.0, sigma=1.0, max_tokens=2048),
+        failure_prob=0.02,
+        model_names=BURSTGPT_MODELS,
+        model_weights=(0.8, 0.2),
+        grid_s=0.1 if duration_s <= 7200 else 0.5,
+    )
+    return generate(params, seed=seed)
+
+
+def _burstgpt_integer_seconds(trace: Trace, path: Path, crlf: bool) -> int:
+    """BurstGPT v1 as released: integer-second timestamps (many duplicates), starting after 0."""
+    write_trace(replace(trace, arrival_s=np.floor(trace.arrival_s) + 5.0), path, F.BURSTGPT)
+    if crlf:
+        _write_lines(path, _lines(path), eol=b"\r\n")
+    return len(trace)
+
+
+def build_variants(out_dir: Path, *, long: bool = True, seed: int = 0) -> list[Variant]:
+    """Write every variant under ``out_dir`` and describe each; ``long=False`` skips the hours-long ones."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    code = read_trace(bundled(CODE_TRACE))
+    conv = read_trace(bundled(CONV_TRACE))
+    moon = read_trace(bundled(MOONCAKE_TRACE))
+    vs: list[Variant] = []
+
+    def add(name: str, fmt: str, description: str, **kw: object) -> Path:
+        ext = "jsonl" if fmt == F.MOONCAKE else "csv"
+        path = out_dir / f"{name}.{ext}"
+        vs.append(Variant(name, fmt, path, description, **kw))  # type: ignore[arg-type]
+        return path
+
+    # Azure 2023/2024 CSV ---------------------------------------------------------------------------
+    later = at_start(code, LATER_DAY)
+    write_trace(later, add("azure_code_later_day", F.AZURE, "code trace on a 2024 day, CRLF", expect="ok",
+                           requests=len(code)), F.AZURE)  # fmt: skip
+    p = add("azure_conv_bom_lf", F.AZURE, "conv trace, UTF-8 BOM, LF", expect="ok", requests=len(conv))
+    write_trace(conv, p, F.AZURE)
+    _write_lines(p, _lines(p), bom=True)
+    mid = from_mid_burst(code)
+    write_trace(mid, add("azure_code_mid_burst", F.AZURE, "code trace from its busiest 10 s on (no history)",
+                         expect="ok", requests=len(mid)), F.AZURE)  # fmt: skip
+    quarter = thin(code, 0.25, seed)
+    write_trace(quarter, add("azure_code_x0.25", F.AZURE, "code trace thinned to 1/4 of its rate",
+                             expect="ok", requests=len(quarter)), F.AZURE)  # fmt: skip
+    four = superpose(code, 4, 1.0, seed)
+    write_trace(four, add("azure_code_x4", F.AZURE, "code trace ×4 (4 jittered copies, bursts 4× taller)",
+                          expect="ok", requests=len(four)), F.AZURE)  # fmt: skip
+    gap = with_idle_gap(code, 1800.0)
+    write_trace(gap, add("azure_code_idle_30min", F.AZURE, "code trace with 30 min of nothing in the middle",
+                         expect="ok", requests=len(gap)), F.AZURE)  # fmt: skip
+    p = add("azure_conv_tz_offset", F.AZURE, "conv trace, timestamps with +00:00", expect="ok",
+            requests=len(conv))  # fmt: skip
+    write_trace(conv, p, F.AZURE)
+    lines = _lines(p)
+    _write_lines(p, [lines[0]] + [_tz_suffixed(line) for line in lines[1:]])
+    p = add("azure_code_unsorted_dups", F.AZURE, "code trace, rows < 1 s apart swapped, every 50th row twice",
+            expect="ok", requests=len(code) + len(code) // 50)  # fmt: skip
+    write_trace(code, p, F.AZURE)
+    _write_lines(p, with_duplicates(locally_shuffled(_lines(p), code.arrival_s, 0.9), 50))
+    p = add("azure_conv_unsorted_far", F.AZURE, "conv trace whose first row arrived 60 s later (refused; read "
+            "with --max-reorder-s inf)", expect="error", requests=len(conv), error_line=3)  # fmt: skip
+    write_trace(conv, p, F.AZURE)
+    _write_lines(p, late_first_row(_lines(p), conv.arrival_s, 60.0))
+    p = add("azure_conv_extra_column", F.AZURE, "conv trace with an extra Region column", expect="ok",
+            requests=len(conv))  # fmt: skip
+    write_trace(conv, p, F.AZURE)
+    _write_lines(p, with_extra_column(_lines(p), b"Region", lambda i: b"westus2" if i % 3 else b"eastus"))
+    p = add("azure_code_partial_last_line", F.AZURE, "code trace cut mid-line (no final newline)",
+            expect="error", requests=0, error_line=len(code) + 1)  # fmt: skip
+    write_trace(code, p, F.AZURE)
+    data = p.read_bytes().rstrip(b"\r\n")
+    p.write_bytes(data[: data.rfind(b",")])  # the last row loses its GeneratedTokens field
+
+    # BurstGPT CSV ----------------------------------------------------------------------------------
+    synth = _synthetic_hours(1800.0, 5.0, 0.0, seed)
+    n = _burstgpt_integer_seconds(synth, add("burstgpt_30min_int_seconds_crlf", F.BURSTGPT,
+                                             "30 min at 5 req/s, 2 models, 2 % failed, integer seconds, CRLF",
+                                             expect="ok", requests=len(synth)), crlf=True)  # fmt: skip
+    assert n == len(synth)
+    p = add("burstgpt_code_x4_float_bom", F.BURSTGPT, "code ×4 as BurstGPT, float seconds, BOM", expect="ok",
+            requests=len(four))  # fmt: skip
+    write_trace(four, p, F.BURSTGPT)
+    _write_lines(p, _lines(p), bom=True)
+
+    # Mooncake JSONL --------------------------------------------------------------------------------
+    moon_mid = from_mid_burst(moon)
+    write_trace(moon_mid, add("mooncake_mid_burst", F.MOONCAKE, "Mooncake synthetic from its busiest 10 s on",
+                              expect="ok", requests=len(moon_mid)), F.MOONCAKE)  # fmt: skip
+    p = add("mooncake_conv_crlf_extra_field", F.MOONCAKE, "conv as Mooncake JSONL, CRLF, extra field",
+            expect="ok", requests=len(conv))  # fmt: skip
+    conv_blocks = replace(conv, extra={"prefix_blocks": ((conv.prompt_tokens + 511) // 512).astype(np.int32)})
+    write_trace(conv_blocks, p, F.MOONCAKE)
+    _write_lines(p, [line[:-1] + b', "session": 1}' for line in _lines(p)], eol=b"\r\n")
+    p = add("mooncake_partial_last_line", F.MOONCAKE, "Mooncake synthetic cut mid-line", expect="error",
+            requests=0, error_line=len(moon))  # fmt: skip
+    write_trace(moon, p, F.MOONCAKE)
+    data = p.read_bytes().rstrip(b"\n")
+    p.write_bytes(data[: len(data) - 40])
+
+    if long:
+        two_h = _synthetic_hours(7200.0, 30.0, 0.0, seed + 1)
+        write_trace(two_h, add("burstgpt_2h_30rps", F.BURSTGPT, "2 h at 30 req/s, 2 models, 2 % failed",
+                               expect="ok", requests=len(two_h), long=True), F.BURSTGPT)  # fmt: skip
+        day = at_start(_synthetic_hours(86_400.0, 3.0, 0.6, seed + 2), LATER_DAY.normalize())
+        write_trace(day, add("azure_day_3rps", F.AZURE, "a day at 3 req/s with a diurnal cycle (±60 %)",
+                             expect="ok", requests=len(day), long=True), F.AZURE)  # fmt: skip
+    return vs
+
+
+def _tz_suffixed(line: bytes) -> bytes:
+    stamp, rest = line.split(b",", 1)
+    return stamp + b"+00:00," + rest
