@@ -666,7 +666,7 @@ def update_burst_runs(
 
 
 def burst_hold(
-    runs: tuple[tuple[float, float], ...], now_s: float, cfg: PolicyConfig
+    runs: tuple[tuple[float, float], ...], now_s: float, cfg: PolicyConfig, seen_from_s: float = math.nan
 ) -> tuple[float, str | None]:
     """How long a scale-down window the bursts seen call for now (0 = none), and why.
 
@@ -676,7 +676,9 @@ def burst_hold(
     ended, the empirical hazard is P(gap ≤ τ + lead | gap > τ) = #{τ < g ≤ τ + lead} / #{g > τ}. Hold
     (the window reaches back to the last burst's start, so its peak target stays) while that is at least
     ``burst_hold_probability``, or while fewer than ``burst_hold_min_gaps`` gaps are known (unknown is not
-    "no burst coming"); never more than ``burst_hold_max_s`` after the burst, never without a burst seen,
+    "no burst coming") — except after a first burst preceded by at least one cold start of watched load
+    without one (``seen_from_s``, the oldest remembered load block): that quiet time is a censored gap
+    longer than a cold start, so the first burst is not held; never more than ``burst_hold_max_s`` after the burst, never without a burst seen,
     and not after a high load that lasted one cold start or more (a level change, which cold capacity
     follows: a slow ramp or a sinusoid's crest is not a burst)."""
     if cfg.burst_hold == "off" or not runs:
@@ -687,6 +689,11 @@ def burst_hold(
     if tau >= cfg.burst_hold_max_s or last_end - last_start >= lead:
         return 0.0, None  # a high load that lasted a cold start is a level cold capacity follows, not a burst
     gaps = np.asarray([b[0] - a[1] for a, b in itertools.pairwise(runs)], dtype=np.float64)
+    quiet_before = runs[0][0] - seen_from_s  # NaN when unknown
+    if len(gaps) == 0 and quiet_before >= lead:
+        # No gap between bursts yet, but the load was watched for at least one cold start before the first
+        # burst without one: bursts are not known to come faster than capacity can be started again.
+        return 0.0, None
     window = min(now_s - last_start, cfg.burst_hold_max_s + (last_end - last_start))
     if len(gaps) < cfg.burst_hold_min_gaps:
         return (

@@ -226,3 +226,20 @@ def test_the_aggregator_says_whether_prompt_load_is_counted_at_arrival(
     o = build_observation("default", load, counts, 11.0, None, LengthTracker())
     assert o.prompt_at_arrival is routed
     assert not math.isnan(o.prompt_tps)
+
+
+@pytest.mark.parametrize(
+    ("label", "seen_from_s", "holds"),
+    [
+        ("first burst, watched 600 s before it without one: no hold", 400.0, False),
+        ("first burst, watched only 60 s before it: hold (unknown is not 'no burst')", 940.0, True),
+        ("first burst, history unknown: hold", math.nan, True),
+    ],
+)
+def test_quiet_time_before_the_first_burst_counts(label: str, seen_from_s: float, holds: bool) -> None:
+    runs: Runs = ((1000.0, 1030.0),)
+    window, _ = stages.burst_hold(runs, 1060.0, _cfg(), seen_from_s)
+    assert (window > 0) == holds, label
+    # once a gap between bursts is known, the survival estimate decides, whatever came before
+    two: Runs = ((1000.0, 1030.0), (1100.0, 1130.0))
+    assert stages.burst_hold(two, 1150.0, _cfg(), 0.0)[0] > 0  # gap 70 s < one cold start: hold
