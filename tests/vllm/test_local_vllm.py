@@ -106,7 +106,11 @@ def test_loadgen_replay_measures_every_request(mixed: LocalInstance) -> None:
     assert np.all(timings.ttft_s > 0)
     one_token = trace.output_tokens == 1
     assert np.all(np.isnan(timings.itl_mean_s[one_token]))
-    assert np.all(timings.itl_mean_s[~one_token] > 0)
+    # Under CPU load the API server may send a short answer's tokens in one chunk (seen in CI: a 2-token answer),
+    # and then the client cannot time its inter-token gap: NaN, never 0. Most answers stream token by token.
+    itl = timings.itl_mean_s[~one_token]
+    assert np.all(itl[np.isfinite(itl)] > 0)
+    assert np.isfinite(itl).sum() >= len(itl) - 2, itl
     assert np.all(timings.e2e_s >= timings.ttft_s)
     summary = timings.summary()
     assert summary["completed"] == 12
