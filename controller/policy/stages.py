@@ -678,9 +678,9 @@ def burst_hold(
     ``burst_hold_probability``, or while fewer than ``burst_hold_min_gaps`` gaps are known (unknown is not
     "no burst coming") — except after a first burst preceded by at least one cold start of watched load
     without one (``seen_from_s``, the oldest remembered load block): that quiet time is a censored gap
-    longer than a cold start, so the first burst is not held; never more than ``burst_hold_max_s`` after the burst, never without a burst seen,
-    and not after a high load that lasted one cold start or more (a level change, which cold capacity
-    follows: a slow ramp or a sinusoid's crest is not a burst)."""
+    longer than a cold start, so the first burst is not held. Never more than ``burst_hold_max_s`` after
+    the burst, never without a burst seen, and not after a high load that lasted one cold start or more (a
+    level change, which cold capacity follows: a slow ramp or a sinusoid's crest is not a burst)."""
     if cfg.burst_hold == "off" or not runs:
         return 0.0, None
     last_start, last_end = runs[-1]
