@@ -31,6 +31,15 @@ fields are kept), all from the CSV, never from a validation slice:
    decode row is a steady-state step period, which has no per-request part). So the step model is what a
    client sees per step (engine compute plus the per-step scheduling, output processing and streaming).
 
+Probes (``--probe``, about 4-5 minutes; rows in ``serving/sim/profiles/cpu_tiny_probes.csv``, read by
+``--refit``): streamed ``max_tokens=1`` requests (a) sent while 0, 1, 2, 4 or 8 other streams decode, 12 rounds
+in a seeded random order, and (b) sent 0.1-5 s after the previous answer; client-timed TTFT and the
+engine-timed step that prefilled each. ``--refit`` fits the admission delay (``fit_admission_delay``: per
+running count, the median of client TTFT less what the simulator models for the probe without the term,
+less that at 0 running) and the wake-up cost (``fit_wake_up``) from them, and writes both into
+``overheads``. Measure with ``--autogroup-nice -20`` under ``nice -n -10`` on a shared box: with scheduler
+autogroups, plain nice does not reach across sessions (``boost_autogroups``).
+
 Validation (``--validate``): a real replay of a trace slice on one server, then the simulator on the same
 slice, side by side; ``--real-json FILE`` reuses a recorded real run (no server) and only replays the sim
 side; ``--profile-json`` (repeatable) compares several latency JSONs in the same run.
