@@ -320,3 +320,33 @@ def test_read_probes_names_the_bad_line(tmp_path: Path) -> None:
     path.write_text(",".join(bench.PROBE_COLUMNS) + "\nadmit,32,1,nan,10\n")
     with pytest.raises(ValueError, match=r"p\.csv:2: 5 fields"):
         bench.read_probes(path)
+
+
+# ---------------------------------------------------------------------------------------------- in transit
+def _sim(trace: Trace, model: Any, mixed: int) -> Any:
+    from serving.sim.engine import Simulator
+
+    fleet = single_pool(profile="cpu-tiny", mixed=mixed, max_per_role=4)
+    return Simulator(fleet, {"default": trace}, models=lambda _name: (PROFILE, model))
+
+
+def test_a_request_in_admission_transit_survives_its_instance_failing() -> None:
+    late = LinearLatencyModel(PROFILE, COEF, "test", admission_busy_ms=200.0)
+    # one long stream on each instance, then a request that must wait 200 ms to be admitted
+    sim = _sim(_trace([0.0, 0.0, 0.5], [64, 64, 128], [400, 400, 5]), late, mixed=2)
+    sim.run_until(0.55)
+    where = [i for i in sim.instances if i.load == 2]  # its stream + the request on its way in
+    assert len(where) == 1
+    sim.fail_instance(where[0].instance_id)
+    sim.run_to_completion(limit_s=60.0)
+    assert sim.unfinished() == 0
+    assert all(i.load == 0 for i in sim.instances if i.state != "failed")
+
+
+def test_a_request_in_admission_transit_keeps_the_draining_instance() -> None:
+    late = LinearLatencyModel(PROFILE, COEF, "test", admission_busy_ms=200.0)
+    sim = _sim(_trace([0.0, 0.5], [64, 128], [400, 5]), late, mixed=1)
+    sim.run_until(0.55)
+    sim.set_target("default", "mixed", 0)  # drain: finishes what it holds, the request in transit too
+    sim.run_to_completion(limit_s=60.0)
+    assert sim.unfinished() == 0
