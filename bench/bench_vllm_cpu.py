@@ -272,10 +272,14 @@ def _match_engine(rows: list[ProbeRow], its: Iterations, key: Callable[[ProbeRow
     return out
 
 
-async def _admit_batch(url: str, vocab: np.ndarray, running: int, reps: int, seed: int) -> list[ProbeRow]:
+async def _admit_batch(
+    url: str, vocab: np.ndarray, running: int, reps: int, seed: int, background_tokens: int = 0
+) -> list[ProbeRow]:
     """``running`` background streams decode (``BACKGROUND_PROMPT`` tokens in, cancelled after the probes);
     meanwhile ``max_tokens=1`` probes of every ``PROBE_PROMPTS`` length are sent one at a time, 20-100 ms
-    apart (seeded). A probe counts only when every background stream was still streaming after its answer."""
+    apart (seeded). A probe counts only when every background stream was still streaming after its answer.
+    ``background_tokens`` > 0: each background stream is instead a loop of ``background_tokens``-token
+    requests sent back to back (short streams, as a trace's), so ``running`` is the number of such loops."""
     rng = np.random.default_rng(seed)
     rows: list[ProbeRow] = []
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=None)) as client:
@@ -286,7 +290,19 @@ async def _admit_batch(url: str, vocab: np.ndarray, running: int, reps: int, see
             completion_body(p, BACKGROUND_MAX_TOKENS)
             for p in make_prompts([BACKGROUND_PROMPT] * running, vocab, seed=seed + 2)
         ]
-        background = [asyncio.create_task(stream_completion(client, url, b)) for b in bodies]
+        if background_tokens > 0:
+            bodies = [b | {"max_tokens": background_tokens} for b in bodies]
+
+        async def loop(body: dict[str, Any]) -> StreamResult:
+            while True:
+                r = await stream_completion(client, url, body)
+                if r.error:
+                    return r
+
+        background = [
+            asyncio.create_task(loop(b) if background_tokens > 0 else stream_completion(client, url, b))
+            for b in bodies
+        ]
         await asyncio.sleep(0.3 if running else 0.1)  # all prefilled, decoding
         for rep in range(reps):
             for k, n in enumerate(PROBE_PROMPTS):
@@ -325,7 +341,12 @@ async def _idle_batch(url: str, vocab: np.ndarray, reps: int, seed: int) -> list
 
 
 def probe_rows(
-    server: LocalInstance, vocab: np.ndarray, reps: int, seed: int, idle_reps: int
+    server: LocalInstance,
+    vocab: np.ndarray,
+    reps: int,
+    seed: int,
+    idle_reps: int,
+    background_tokens: int = 0,
 ) -> list[ProbeRow]:
     """``reps`` rounds of admission probes, every ``PROBE_RUNNING`` count once per round in a seeded random
     order (so slow periods of the shared box spread over all counts), then idle probes (``idle_reps``
@@ -335,11 +356,15 @@ def probe_rows(
     for rnd in range(reps):
         for running in rng.permutation(np.array(PROBE_RUNNING)).tolist():
             cursor = LogCursor(server.log_path)
-            batch = asyncio.run(_admit_batch(server.url, vocab, running, 1, seed + 7919 * rnd + running))
+            batch = asyncio.run(
+                _admit_batch(server.url, vocab, running, 1, seed + 7919 * rnd + running, background_tokens)
+            )
             time.sleep(0.3)  # the API process logs a step shortly after it
             batch = [ProbeRow(**(asdict(r) | {"rep": rnd})) for r in batch]
             rows += _match_engine(batch, parse_iterations(cursor.read()), lambda r: True)
         print(f"admit probes, round {rnd + 1}/{reps}: {len(rows)} rows")
+    if idle_reps <= 0:
+        return rows
     cursor = LogCursor(server.log_path)
     idle = asyncio.run(_idle_batch(server.url, vocab, idle_reps, seed + 31))
     time.sleep(0.5)
@@ -848,7 +873,14 @@ def _run_probes(args: argparse.Namespace) -> None:
                 json=completion_body(make_prompts([n], vocab, seed=99)[0], 8, stream=False),
                 timeout=120,
             ).raise_for_status()
-        rows = probe_rows(server, vocab, 2 if args.quick else 12, args.seed, 1 if args.quick else 3)
+        rows = probe_rows(
+            server,
+            vocab,
+            2 if args.quick else 12,
+            args.seed,
+            (1 if args.quick else 3) if args.probe_idle_reps is None else args.probe_idle_reps,
+            args.probe_background_tokens,
+        )
     command = " ".join([".venv/bin/python", "bench/bench_vllm_cpu.py", *sys.argv[1:]])
     load = f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     _write_probe_csv(rows, args.probes_csv, command, load, args.probe_note)
@@ -872,6 +904,15 @@ def main() -> None:
     )
     parser.add_argument("--probes-csv", type=Path, default=PROBES_CSV, help="probe rows (read by --refit)")
     parser.add_argument("--probe-note", default="", help="--probe: provenance line for the CSV header")
+    parser.add_argument(
+        "--probe-background-tokens",
+        type=int,
+        default=0,
+        help="--probe: background streams are loops of requests of this many tokens (0: one long stream each)",
+    )
+    parser.add_argument(
+        "--probe-idle-reps", type=int, default=None, help="--probe: idle repetitions (0: none)"
+    )
     parser.add_argument(
         "--autogroup-nice",
         type=int,
