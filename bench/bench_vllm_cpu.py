@@ -37,7 +37,8 @@ in a seeded random order, and (b) sent 0.1-5 s after the previous answer; client
 engine-timed step that prefilled each. ``--refit`` fits the admission delay (``fit_admission_delay``: per
 running count, the median of client TTFT less what the simulator models for the probe without the term,
 less that at 0 running) and the wake-up cost (``fit_wake_up``) from them, and writes both into
-``overheads``. Measure with ``--autogroup-nice -20`` under ``nice -n -10`` on a shared box: with scheduler
+``overheads``. ``--probe-background-tokens N`` makes every background stream a loop of N-token requests
+(a side measurement). Measure with ``--autogroup-nice -20`` under ``nice -n -10`` on a shared box: with scheduler
 autogroups, plain nice does not reach across sessions (``boost_autogroups``).
 
 Validation (``--validate``): a real replay of a trace slice on one server, then the simulator on the same
