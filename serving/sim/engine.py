@@ -28,7 +28,11 @@ KV-bound the transfer overlaps the wait instead of following it: TTFT is low by 
 prompt itself (vLLM's recompute policy on a failed KV load). Requests that find no active instance of the
 role they need wait in the pool's router queue. A request reaches its pool's router the latency model's
 ``request_overhead_ms`` after it arrives (the per-request HTTP and API-server cost; 0 for the GPU profiles,
-fitted for ``cpu-tiny``); TTFT and e2e count from the arrival.
+fitted for ``cpu-tiny``); TTFT and e2e count from the arrival. The entry instance it is routed to then takes
+it into its queue ``admission_delay_ms(sequences decoding there)`` later (the API server busy with running
+streams; 0 for the GPU profiles, then the request is queued at once): meanwhile it counts in that instance's
+``load`` for the router, and if the instance has left service by then it is routed again (no second delay).
+The wake-up cost after an idle spell is the instance's (see :mod:`serving.sim.instance`).
 
 Tail requests (``TailPolicy``, off by default): a request still waiting in the queue of its entry role
 (prefill, or mixed when colocated; an instance's queue or the pool's router queue) ``fraction`` of its pool's
@@ -95,6 +99,7 @@ _EV_TRANSFER = 1
 _EV_READY = 2
 _EV_TAIL = 3
 _EV_TAIL_EXPIRE = 4
+_EV_ADMIT = 5
 
 PRIORITY_PROMOTED = -1  # a tail request: ahead of every class (PRIORITY_VIP is 0)
 
@@ -151,6 +156,12 @@ class _Pool:
         self.latency = latency
         self.router: Router = make_router(spec.router)
         self.entry_role = "prefill" if spec.disaggregated else "mixed"
+        # the latency model's admission delay (0 / absent: requests are queued on arrival at the instance)
+        delay = getattr(latency, "admission_delay_ms", None)
+        late = any(
+            float(getattr(latency, k, 0.0)) > 0 for k in ("admission_busy_ms", "admission_ms_per_running_seq")
+        )
+        self.admission_delay_ms: Callable[[int], float] | None = delay if late and callable(delay) else None
         self.ready: dict[str, list[Instance]] = {r: [] for r in ROLES}
         self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
         self.serial: dict[str, int] = {r: 0 for r in ROLES}
@@ -299,7 +310,7 @@ class Simulator:
                 if self.tail is not None:
                     wait_s = self.tail.fraction * pool.spec.slo_ttft_ms / 1000.0
                     self._push(t_arr + wait_s, _EV_TAIL, rid, 0)
-                self._route(pool, pool.entry_role, rid)
+                self._route(pool, pool.entry_role, rid, admit=True)
                 continue
             if t_ev > t_s:
                 break
@@ -316,6 +327,8 @@ class Simulator:
                 self._on_tail(a)
             elif kind == _EV_TAIL_EXPIRE:
                 self._on_hold_expired(self.pools[a], ROLES[b % len(ROLES)], b // len(ROLES))
+            elif kind == _EV_ADMIT:
+                self._on_admit(a, self.instances[b])
             else:
                 inst = self.instances[a]
                 if inst.version == b:
@@ -334,7 +347,9 @@ class Simulator:
             self.run_until(min(self.now_s + step_s, limit_s))
 
     # -- routing and batching ----------------------------------------------------------------------------
-    def _route(self, pool: _Pool, role: str, rid: int) -> None:
+    def _route(self, pool: _Pool, role: str, rid: int, *, admit: bool = False) -> None:
+        """Send ``rid`` to an instance of ``role`` (or park it at the router). ``admit``: a new arrival, which
+        reaches the instance's queue after the latency model's admission delay (module doc)."""
         ready = pool.ready[role]
         if not ready:
             pool.pending[role].append(rid)
@@ -352,7 +367,24 @@ class Simulator:
             predicted = self.req.predicted[rid]
             if not math.isnan(predicted):
                 inst.predicted_output_tokens_total += predicted
+        if admit and pool.admission_delay_ms is not None:
+            delay_ms = float(pool.admission_delay_ms(len(inst.decoding)))
+            if delay_ms > 0.0:
+                inst.load += 1  # on its way in: the router sees it
+                self._push(self.now_s + delay_ms / 1000.0, _EV_ADMIT, rid, inst.index)
+                return
         self._enqueue(inst, rid)
+
+    def _on_admit(self, rid: int, inst: Instance) -> None:
+        """``rid``'s admission delay at ``inst`` is over: queue it there, or route it again if ``inst``
+        left service meanwhile (a failed instance's load was reset when it failed)."""
+        if inst.state != "failed":
+            inst.load -= 1
+        if inst.state in ("active", "draining"):
+            self._enqueue(inst, rid)
+        else:
+            pool = self.pools[self.req.pool_of[rid]]
+            self._route(pool, pool.entry_role, rid)
 
     def _enqueue(self, inst: Instance, rid: int, *, routed: bool = True) -> None:
         self.req.where[rid] = inst.index

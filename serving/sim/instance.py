@@ -32,6 +32,11 @@ its token is not the client's (the P/D proxy drops it; see :mod:`serving.sim.eng
 the decode instance with KV = prompt and 0 tokens, its first decode step yields token 1 and it decodes
 ``target`` steps there (KV length = prompt + generated). Its KV blocks stay allocated on the prefill instance
 (:attr:`Instance.held`) until a decode instance admits it (:attr:`Instance.pulled` tells the simulator).
+
+Wake-up (the latency model's ``wake_up_ms`` after ``idle_after_s``; absent or 0 for the GPU profiles): the
+first segment an instance starts after at least ``idle_after_s`` with nothing to run (an empty queue; an
+instance is idle from its creation) starts ``wake_up_ms`` later, so that delay adds to the
+TTFT of the requests it serves and to no ITL.
 """
 
 from __future__ import annotations
@@ -248,6 +253,10 @@ class Instance:
         self._fresh: list[int] = []
         self._fresh_t_s = math.nan
         self._seg_fresh = 0
+        # wake-up after an idle spell (module doc): when the instance last ran out of work (NaN: working)
+        self._wake_s = float(getattr(latency, "wake_up_ms", 0.0)) / 1000.0
+        self._idle_after_s = float(getattr(latency, "idle_after_s", math.inf))
+        self._idle_since_s = now_s  # created idle (initial instances: loaded and warmed up at t=0)
         # the segment in progress
         self.busy = False
         self.seg_start_s = 0.0
@@ -547,13 +556,23 @@ class Instance:
                 return self._start_decode_run(now_s, req)
             if not self.prefilling:
                 self.busy = False
+                if not self.waiting and math.isnan(self._idle_since_s):
+                    self._idle_since_s = now_s
                 return None
             # Partial prefills hold every free block and nothing decodes: free room by preemption.
             self._preempt_one(req)
 
+    def _wake_up(self, now_s: float) -> float:
+        """When the segment starting at ``now_s`` can start: later by the wake-up cost after an idle spell."""
+        idle_since, self._idle_since_s = self._idle_since_s, math.nan
+        if self._wake_s > 0.0 and now_s - idle_since >= self._idle_after_s:
+            return now_s + self._wake_s
+        return now_s
+
     def _start_iteration(
         self, now_s: float, req: RequestTable, chunks: list[tuple[int, int]], need: int
     ) -> float:
+        now_s = self._wake_up(now_s)
         n_dec = len(self.decoding)
         prefill_tokens = 0
         prefill_ctx = 0
@@ -581,6 +600,7 @@ class Instance:
         return self.seg_end_s
 
     def _start_decode_run(self, now_s: float, req: RequestTable) -> float:
+        now_s = self._wake_up(now_s)
         n = len(self.decoding)
         steps = min(self._first_finish_step(req) - self.step, DECODE_RUN_MAX_STEPS)
         steps = max(self._steps_that_fit(steps, self.total_blocks - self.used_blocks), 1)

