@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from controller.policy.types import PoolCapacity
-from serving.sim.capacity import decode_capacity, prefill_capacity_tps
+from serving.sim.capacity import decode_capacity, mixed_node_capacity, prefill_capacity_tps
 from serving.sim.fleet import PoolSpec
 from serving.sim.hardware import get_profile
 from serving.sim.latency import get_latency_model
@@ -25,10 +25,26 @@ def pool_capacity(pool: PoolSpec, mean_prompt_tokens: float, mean_output_tokens:
 
     An SLO the profile cannot meet at all leaves a capacity of one token/s (or one sequence): the policy
     then asks for the maximum replicas and degrades, which is the truthful answer.
+
+    A mixed-node pool (``placement="mixed-node"``) gets the partitioned capacities of one node
+    (``serving.sim.capacity.mixed_node_capacity``: prefill at ``prefill_mem_frac`` of the KV memory, decode at
+    the rest with its ITL budget cut by the node's interference); the policies then size nodes from both
+    needs (``controller.policy.mixed_node``).
     """
     profile, model = get_profile(pool.profile), get_latency_model(pool.profile)
     prompt = max(mean_prompt_tokens, 1.0)
     output = max(mean_output_tokens, 1.0)
+    if pool.placement == "mixed-node":
+        node = mixed_node_capacity(
+            profile, model, pool.slo_ttft_ms, pool.slo_itl_ms, prompt, output,
+            prefill_mem_frac=pool.prefill_mem_frac, slowdown=pool.mixed_node_slowdown,
+        )  # fmt: skip
+        return PoolCapacity(
+            prefill_tps=max(node.prefill.tokens_per_s, 1.0),
+            decode_seqs=float(max(node.decode.max_batch, 1)),
+            decode_tps=max(node.decode.tokens_per_s, 1.0),
+            gpus_per_instance=profile.gpus,
+        )
     prefill_tps = prefill_capacity_tps(profile, model, pool.slo_ttft_ms, prompt)
     dec = decode_capacity(profile, model, pool.slo_itl_ms, prompt + output / 2)
     return PoolCapacity(

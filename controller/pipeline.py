@@ -17,6 +17,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from controller.policy.decide import (
     queue_risk,
     slo_risk,
 )
+from controller.policy.mixed_node import node_plan
 from controller.policy.types import ROLES, RoleHistory
 from controller.sources.aggregate import LoadAggregator, PoolLoad
 from forecaster.types import ForecastBatch, Forecaster
@@ -63,10 +65,20 @@ class PoolSetup:
 
 
 def setups_from_config(cfg: ControllerConfig) -> list[PoolSetup]:
-    """One ``PoolSetup`` per configured pool (the spec carries the policy's min/max per role)."""
+    """One ``PoolSetup`` per configured pool (the spec carries the policy's min/max per role). A local pool
+    placed on mixed nodes (``actuator.pool.placement``) is sized in nodes on the partitioned capacities, its
+    KV split in the proportion of the two servers' memory shares."""
     out = []
+    local = cfg.actuator.pool if cfg.actuator.kind == "local" else None
     for pool in cfg.pools:
         p = pool.policy
+        placement: dict[str, Any] = {}
+        if local is not None and local.placement == "mixed-node":
+            from serving.pools.local import DEFAULT_PREFILL_SHARE, default_decode_share
+
+            pre = DEFAULT_PREFILL_SHARE if local.prefill_mem_frac is None else local.prefill_mem_frac
+            dec = default_decode_share(pre) if local.decode_mem_frac is None else local.decode_mem_frac
+            placement = {"placement": "mixed-node", "prefill_mem_frac": pre / (pre + dec)}
         spec = PoolSpec(
             name=pool.name,
             profile=pool.profile,
@@ -74,6 +86,7 @@ def setups_from_config(cfg: ControllerConfig) -> list[PoolSetup]:
             slo_itl_ms=pool.slo_itl_ms,
             prefill=RoleCounts(initial=p.min_prefill, min=p.min_prefill, max=p.max_prefill),
             decode=RoleCounts(initial=p.min_decode, min=p.min_decode, max=p.max_decode),
+            **placement,
         )
         out.append(PoolSetup(spec, p))
     return out
@@ -360,9 +373,21 @@ class Pipeline:
             decisions[name] = PoolDecision(name, plan, obs, loads[name], forecasts[name], reasons, gone)
         if self.budget is not None:
             decisions = self._budget(decisions, counts, now_s)
+        decisions = self._mixed_nodes(decisions)
         return TickResult(now_s, decisions, self.forecaster.name, error)
 
     # -- steps -----------------------------------------------------------------------------------
+
+    def _mixed_nodes(self, decisions: dict[str, PoolDecision]) -> dict[str, PoolDecision]:
+        """Mixed-node pools scale whole nodes: both roles at the larger need (``node_plan``, issue 8)."""
+        for name, d in decisions.items():
+            spec = self.tracks[name].setup.spec
+            if d.plan is None or spec.placement != "mixed-node":
+                continue
+            lo, hi = max(spec.prefill.min, spec.decode.min), min(spec.prefill.max, spec.decode.max)
+            plan = node_plan(d.plan, lo, hi)
+            decisions[name] = replace(d, plan=plan, reasons=plan.reasons)
+        return decisions
 
     def _vanished(self, samples: InstanceSamples) -> dict[str, set[str]]:
         now: dict[str, set[str]] = {p: set() for p in self.tracks}
