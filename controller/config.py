@@ -273,6 +273,17 @@ class PoolConfig(BaseModel):
             " most the budget"
         ),
     )
+    placement: Literal["dedicated", "mixed-node"] = Field(
+        "dedicated",
+        description=(
+            "dedicated: one instance per node; mixed-node: each node hosts a prefill and a decode instance (the"
+            " controller scales whole nodes: both roles at the larger need, no standby; Kubernetes: the pool's"
+            " pdscale.io/placement=mixed-node Deployment)"
+        ),
+    )
+    prefill_mem_frac: float = Field(
+        0.4, gt=0.0, lt=1.0, description="mixed-node: the prefill instance's share of a node's KV memory"
+    )
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
 
 

@@ -65,14 +65,16 @@ class PoolSetup:
 
 
 def setups_from_config(cfg: ControllerConfig) -> list[PoolSetup]:
-    """One ``PoolSetup`` per configured pool (the spec carries the policy's min/max per role). A local pool
-    placed on mixed nodes (``actuator.pool.placement``) is sized in nodes on the partitioned capacities, its
-    KV split in the proportion of the two servers' memory shares."""
+    """One ``PoolSetup`` per configured pool (the spec carries the policy's min/max per role). A pool placed
+    on mixed nodes (``placement``, or the local pool's ``actuator.pool.placement``, whose KV splits in the
+    proportion of the two servers' memory shares) is sized in nodes on the partitioned capacities."""
     out = []
     local = cfg.actuator.pool if cfg.actuator.kind == "local" else None
     for pool in cfg.pools:
         p = pool.policy
         placement: dict[str, Any] = {}
+        if pool.placement == "mixed-node":
+            placement = {"placement": "mixed-node", "prefill_mem_frac": pool.prefill_mem_frac}
         if local is not None and local.placement == "mixed-node":
             from serving.pools.local import DEFAULT_PREFILL_SHARE, default_decode_share
 
