@@ -1,8 +1,9 @@
 """Mixed-node against dedicated placement under the controller's policies, side by side in one run (issue 8).
 
-Run: ``nice .venv/bin/python bench/bench_mixed_controller.py`` (``--traces conv,code``, ``--duration-s`` to cut
-the traces, ``--json OUT``). For each bundled Azure 2023 trace (conv, code; llama3-8b/a100, TTFT 1 s, ITL 50 ms,
-the simulator's and ``bench_policies.py``'s defaults) and each policy (predictive with the Holt forecaster,
+Run: ``nice .venv/bin/python bench/bench_mixed_controller.py`` (``--traces conv,code,poisson-decode``,
+``--duration-s`` to cut the traces, ``--json OUT``). For each bundled Azure 2023 trace (conv, code; llama3-8b/a100,
+TTFT 1 s, ITL 50 ms, the simulator's and ``bench_policies.py``'s defaults), a decode-bound synthetic control
+(``poisson-decode``: Poisson 12 req/s, 256/1,024 tokens, 20 min, ITL 30 ms) and each policy (predictive with the Holt forecaster,
 pinned as in bench_policies.py; reactive), it replays one pool three ways:
 
 - ``dedicated``: one instance per node (prefill and decode pools scaled per role);
@@ -37,8 +38,10 @@ from controller.replay_policies import PredictivePolicy
 from forecaster.baselines import Holt
 from forecaster.types import Forecaster
 from serving.sim.fleet import FleetSpec, single_pool
+from serving.sim.plan import poisson_trace
 from serving.sim.replay import PolicyOptions, ReplayPolicy, make_policy, replay
 from serving.workload.readers import read_trace
+from serving.workload.trace import Trace
 
 AZURE = Path(__file__).resolve().parents[1] / "datasets" / "azure2023"
 TRACES = {
@@ -52,6 +55,19 @@ PLACEMENTS: dict[str, tuple[str, float | None]] = {
 }
 
 
+# a decode-bound control (the Azure traces are prompt-heavy): Poisson 12 req/s, 256-token prompts, 1,024-token
+# outputs, 20 min, seed 0, ITL SLO 30 ms — the node count follows decode, where the interference model decides
+SYNTHETIC = {"poisson-decode": (12.0, 256, 1024, 1200.0, 1000.0, 30.0)}
+
+
+def load(name: str) -> tuple[Trace, float, float]:
+    """(trace, TTFT SLO ms, ITL SLO ms) of a named workload."""
+    if name in SYNTHETIC:
+        rate, isl, osl, duration, ttft, itl = SYNTHETIC[name]
+        return poisson_trace(rate, isl, osl, duration, seed=0), ttft, itl
+    return read_trace(TRACES[name]), 1000.0, 50.0
+
+
 def holt() -> Forecaster:
     return Holt()
 
@@ -62,8 +78,10 @@ def policy(name: str) -> ReplayPolicy:
     return make_policy(name, PolicyOptions())
 
 
-def fleet_for(placement: str, slowdown: float | None) -> FleetSpec:
-    fleet = single_pool()
+def fleet_for(
+    placement: str, slowdown: float | None, slo_ttft_ms: float = 1000.0, slo_itl_ms: float = 50.0
+) -> FleetSpec:
+    fleet = single_pool(slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms)
     pool = dataclasses.replace(fleet.pools[0], placement=placement, mixed_node_slowdown=slowdown)
     return dataclasses.replace(fleet, pools=(pool,))
 
@@ -76,7 +94,7 @@ def decode_binds_share(chosen: ReplayPolicy) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", default="conv,code")
+    ap.add_argument("--traces", default="conv,code,poisson-decode")
     ap.add_argument("--policies", default="predictive,reactive")
     ap.add_argument("--duration-s", type=float, default=None, help="replay only each trace's first seconds")
     ap.add_argument("--json", type=Path, default=None)
@@ -88,7 +106,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for trace_name in args.traces.split(","):
-        trace = read_trace(TRACES[trace_name])
+        trace, slo_ttft_ms, slo_itl_ms = load(trace_name)
         if args.duration_s is not None:
             trace = trace.window(0.0, args.duration_s)
         span_s = float(trace.arrival_s[-1] - trace.arrival_s[0]) if len(trace) else 0.0
@@ -96,7 +114,8 @@ def main() -> None:
             for label, (placement, slowdown) in PLACEMENTS.items():
                 t0 = time.perf_counter()
                 chosen = policy(policy_name)
-                rep = replay(fleet_for(placement, slowdown), {"default": trace}, chosen)
+                fleet = fleet_for(placement, slowdown, slo_ttft_ms, slo_itl_ms)
+                rep = replay(fleet, {"default": trace}, chosen)
                 wall = time.perf_counter() - t0
                 itl = rep.request_itl_ms[np.isfinite(rep.request_itl_ms)]
                 row = {

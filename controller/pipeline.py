@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from controller.capacity import CapacityCache
+from controller.capacity import CapacityCache, prompt_load_per_node
 from controller.config import ControllerConfig, PolicyConfig
 from controller.policy import (
     PolicyContext,
@@ -318,6 +318,8 @@ class Pipeline:
         self.last_tick_s = math.nan
         self._seen: set[str] = set()  # every instance id scraped so far
         self._previous: set[str] = set()  # the instance ids of the previous scrape
+        # mixed-node pools: each role's own last target before the node conversion (``_mixed_nodes``)
+        self._role_targets: dict[str, dict[str, int]] = {}
         forecaster.reset(names)
 
     @property
@@ -343,6 +345,7 @@ class Pipeline:
             raise ValueError(f"Pipeline.tick: no replica counts for pools {missing}")
         dt = now_s - self.last_tick_s if math.isfinite(self.last_tick_s) else 1.0
         self.last_tick_s = now_s
+        counts = self._role_counts(counts)
         samples, back = self._mask_returning(samples)
         vanished = self._vanished(samples)
         loads = self.aggregator.update(samples, self.pools)
@@ -381,15 +384,31 @@ class Pipeline:
     # -- steps -----------------------------------------------------------------------------------
 
     def _mixed_nodes(self, decisions: dict[str, PoolDecision]) -> dict[str, PoolDecision]:
-        """Mixed-node pools scale whole nodes: both roles at the larger need (``node_plan``, issue 8)."""
+        """Mixed-node pools scale whole nodes: both roles at the larger need (``node_plan``, issue 8). Each
+        role's own target is remembered: the next tick decides each role from it (``_role_counts``)."""
         for name, d in decisions.items():
             spec = self.tracks[name].setup.spec
             if d.plan is None or spec.placement != "mixed-node":
                 continue
+            self._role_targets[name] = {"prefill": d.plan.prefill, "decode": d.plan.decode}
             lo, hi = max(spec.prefill.min, spec.decode.min), min(spec.prefill.max, spec.decode.max)
             plan = node_plan(d.plan, lo, hi)
             decisions[name] = replace(d, plan=plan, reasons=plan.reasons)
         return decisions
+
+    def _role_counts(self, counts: Mapping[str, PoolCounts]) -> Mapping[str, PoolCounts]:
+        """A mixed-node pool's replicas as each role last wanted them, not the node count both are set to:
+        the role that does not bind keeps its own scale-down history (its hysteresis would otherwise hold the
+        nodes the other role no longer needs). The nodes actually serving stay in ``active``."""
+        if not self._role_targets:
+            return counts
+        out = dict(counts)
+        for name, wanted in self._role_targets.items():
+            if name in out:
+                c = out[name]
+                replicas = {r: min(wanted.get(r, n), n) for r, n in c.replicas.items()}
+                out[name] = replace(c, replicas=replicas)
+        return out
 
     def _vanished(self, samples: InstanceSamples) -> dict[str, set[str]]:
         now: dict[str, set[str]] = {p: set() for p in self.tracks}
@@ -451,7 +470,9 @@ class Pipeline:
         spec = track.setup.spec
         return PolicyContext(
             obs=obs,
-            capacity=track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma),
+            capacity=track.capacity.get(
+                track.lengths.prompt_ewma, track.lengths.output_ewma, prompt_load_per_node(obs)
+            ),
             config=track.setup.policy,
             slo_ttft_ms=spec.slo_ttft_ms,
             slo_itl_ms=spec.slo_itl_ms,

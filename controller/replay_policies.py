@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import ValidationError
 
-from controller.capacity import CapacityCache
+from controller.capacity import CapacityCache, prompt_load_per_node
 from controller.config import PolicyConfig, format_validation_error
 from controller.pipeline import (
     BudgetInput,
@@ -199,9 +199,11 @@ class _ControllerPolicy:
             plan = plans.get(name, b.plan)
             if plan is not None:
                 track = self.tracks[name]
-                plan = pool_plan(plan, track.spec)
-                self.decisions.append((now_s, plan))
-                out.extend(plan_commands(plan, track.spec, track.replicas))
+                nodes = pool_plan(plan, track.spec)
+                self.decisions.append((now_s, nodes))
+                out.extend(plan_commands(nodes, track.spec, track.replicas))
+                if nodes is not plan:  # mixed-node: each role decides next from its own target (see Pipeline)
+                    track.replicas.update({r: min(plan.count(r), track.replicas[r]) for r in ROLES})
         return out
 
 
@@ -246,7 +248,9 @@ class ReactivePolicy(_ControllerPolicy):
             cfg = self.configs[name]
             counts = view_counts(name, view, track.replicas)
             obs = build_observation(name, loads[name], counts, view.now_s, None, track.lengths)
-            cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
+            cap = track.capacity.get(
+                track.lengths.prompt_ewma, track.lengths.output_ewma, prompt_load_per_node(obs)
+            )
             plan, self.states[name] = decide_reactive(
                 obs, cap, cfg, track.spec.slo_ttft_ms, self.states[name]
             )
@@ -293,7 +297,9 @@ class DynamoLikePolicy(_ControllerPolicy):
             cfg = self.configs[name]
             counts = view_counts(name, view, track.replicas)
             obs = build_observation(name, loads[name], counts, view.now_s, None, track.lengths)
-            cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
+            cap = track.capacity.get(
+                track.lengths.prompt_ewma, track.lengths.output_ewma, prompt_load_per_node(obs)
+            )
             plan, self.states[name] = decide_dynamo(obs, cap, cfg, dt, self.states[name])
             floor = (cfg.min_prefill, cfg.min_decode)
             inputs[name] = _budget_input(track, plan, obs, cap, counts, floor)

@@ -285,6 +285,7 @@ def mixed_node_capacity(
     *,
     prefill_mem_frac: float,
     slowdown: float | None = None,
+    prompt_tps_per_node: float | None = None,
     quantile: float = DEFAULT_TTFT_QUANTILE,
 ) -> MixedNodeCapacity:
     """One mixed node's capacities, as the simulator runs it (``serving.sim.engine``: the node's KV tokens
@@ -292,8 +293,10 @@ def mixed_node_capacity(
 
     Prefill: :func:`prefill_capacity` on the prefill share's KV. Decode: :func:`decode_capacity` on the rest,
     at the ITL SLO divided by the mean step stretch ``1 + (s - 1) x ρ``, where ρ is the prefill instance's busy
-    share when it carries its capacity load (the most it can be busy while meeting the TTFT SLO: sized for
-    the prefill-bound case, pessimistic when decode binds) and ``s`` is ``slowdown`` or, when None, derived
+    share: ``prompt_tps_per_node`` over what the instance prefills when always busy, when the prompt load per
+    node is known (the controller's measured load over its nodes), else the busy share at its capacity load
+    (the most it can be busy while meeting the TTFT SLO: right when prefill binds, pessimistic when decode
+    binds); ρ is at most 1. ``s`` is ``slowdown`` or, when None, derived
     (``serving.sim.interference.busy_slowdown``) for a full decode batch at the SLO beside a packed prefill
     iteration of mean prompts.
     """
@@ -312,6 +315,9 @@ def mixed_node_capacity(
         iteration = max(pre.prompts_per_iteration, 1) * max(round(mean_prompt_tokens), 1)
         slowdown = busy_slowdown(model, batch, round(batch * ctx), iteration)
     busy = pre.utilisation
+    if prompt_tps_per_node is not None and math.isfinite(prompt_tps_per_node) and pre.utilisation > 0:
+        full_tps = pre.tokens_per_s / pre.utilisation  # prompt tokens/s of an always-busy prefill instance
+        busy = min(max(prompt_tps_per_node, 0.0) / full_tps, 1.0)
     eff = mean_slowdown(slowdown, busy)
     dec = decode_capacity(dec_profile, model, slo_itl_ms / eff, ctx)
     return MixedNodeCapacity(pre, dec, slowdown, busy, eff)

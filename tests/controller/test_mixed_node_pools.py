@@ -82,11 +82,16 @@ def test_mixed_capacity_is_partitioned_and_shrinks_with_interference() -> None:
 
 
 @pytest.mark.parametrize(
-    ("prompt", "output", "binds"),
-    [(4000, 8, "prefill binds"), (64, 1500, "decode binds")],
+    ("name", "prompt", "output", "binds"),
+    [
+        ("reactive", 4000, 8, "prefill binds"),
+        ("reactive", 64, 1500, "decode binds"),
+        ("predictive", 4000, 8, "prefill binds"),
+        ("predictive", 64, 1500, "decode binds"),
+    ],
 )
-def test_reactive_sizes_nodes_from_the_binding_role(prompt: int, output: int, binds: str) -> None:
-    chosen = make("reactive")
+def test_policies_size_nodes_from_the_binding_role(name: str, prompt: int, output: int, binds: str) -> None:
+    chosen = make(name)
     rate = 12.0 if prompt > output else 30.0
     report = replay(mixed_fleet(), {"default": steady(rate, prompt, output)}, chosen)
     assert report.unfinished == 0 and report.dropped == 0
@@ -94,6 +99,18 @@ def test_reactive_sizes_nodes_from_the_binding_role(prompt: int, output: int, bi
     assert decisions and all(p.prefill == p.decode for p in decisions)
     peak = max(decisions, key=lambda p: p.prefill)
     assert peak.prefill >= 2 and binds in peak.reasons[-1], peak.reasons[-1]
+    # the role that does not bind keeps its own (smaller) target: its hysteresis does not hold the nodes
+    last = decisions[-1].reasons[-1]
+    assert "spare" in last or "prefill 1, decode 1" in last, last
+
+
+def test_the_measured_prefill_load_sets_the_decode_interference() -> None:
+    spec = mixed_fleet(2.0).pools[0]
+    idle = pool_capacity(spec, 1000.0, 250.0, prompt_tps_per_node=0.0)
+    at_capacity = pool_capacity(spec, 1000.0, 250.0)
+    saturated = pool_capacity(spec, 1000.0, 250.0, prompt_tps_per_node=1e7)
+    assert idle.decode_seqs > at_capacity.decode_seqs >= saturated.decode_seqs
+    assert idle.prefill_tps == at_capacity.prefill_tps == saturated.prefill_tps
 
 
 @pytest.mark.parametrize("name", ["predictive", "reactive", "dynamo-like", "oracle", "static-peak"])
