@@ -93,7 +93,7 @@ def test_mixed_capacity_is_partitioned_and_shrinks_with_interference() -> None:
 def test_policies_size_nodes_from_the_binding_role(name: str, prompt: int, output: int, binds: str) -> None:
     chosen = make(name)
     rate = 12.0 if prompt > output else 30.0
-    report = replay(mixed_fleet(), {"default": steady(rate, prompt, output)}, chosen)
+    report = replay(mixed_fleet(), {"default": steady(rate, prompt, output, 45.0)}, chosen)
     assert report.unfinished == 0 and report.dropped == 0
     decisions = [p for _, p in getattr(chosen, "decisions", [])]
     assert decisions and all(p.prefill == p.decode for p in decisions)
