@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import typer
+from typer.testing import CliRunner
 
 import controller.replay_policies  # noqa: F401  (registers the policies)
 from controller.capacity import pool_capacity
@@ -20,6 +24,7 @@ from forecaster.types import Forecaster
 from serving.sim.fleet import FleetSpec, PoolSpec, RoleCounts, single_pool
 from serving.sim.fleet_file import peak_demand_gpus
 from serving.sim.replay import PolicyOptions, ReplayPolicy, make_policy, replay, static_peak_counts
+from serving.sim.replay_cli import replay_cmd
 from serving.workload.trace import Trace
 
 
@@ -160,3 +165,20 @@ def test_colocated_pools_are_still_refused_with_the_way_out() -> None:
 def test_pool_spec_defaults_to_derived_interference() -> None:
     assert PoolSpec().mixed_node_slowdown is None
     assert "must be >= 1" in " ".join(PoolSpec(mixed_node_slowdown=0.5).errors())
+
+
+def test_cli_replays_a_mixed_node_pool_under_a_controller_policy(tmp_path: Path) -> None:
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:15:{s:02d}.000000,{3000 + 10 * s},{20 + s}" for s in range(40)]
+    path = tmp_path / "tiny.csv"
+    path.write_text("\n".join(rows) + "\n")
+    app = typer.Typer()
+    app.command()(replay_cmd)
+    out = tmp_path / "out.json"
+    args = ["--trace", str(path), "--policy", "reactive", "--placement", "mixed-node", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["requests"] == doc["completed"] == 40 and doc["dropped"] == 0
+    bad = CliRunner().invoke(app, ["--trace", str(path), "--policy", "fixed", "--mixed-node-slowdown", "1.5"])
+    assert bad.exit_code == 2 and "applies to --placement mixed-node only" in bad.output
