@@ -286,6 +286,21 @@ class PoolConfig(BaseModel):
     )
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
 
+    @model_validator(mode="after")
+    def _mixed_node_standby(self) -> PoolConfig:
+        if self.placement == "mixed-node":
+            asked = [
+                f"policy.{name}={getattr(self.policy, name)}"
+                for name in ("standby_prefill", "standby_decode")
+                if name in self.policy.model_fields_set and getattr(self.policy, name) > 0
+            ]
+            if asked:
+                raise ValueError(
+                    f"pool {self.name!r}: placement 'mixed-node' has no standby tier (a warm node would hold "
+                    f"both instances' memory); {', '.join(asked)} cannot apply: set it to 0"
+                )
+        return self
+
 
 class SourceConfig(BaseModel):
     """Where metrics come from."""

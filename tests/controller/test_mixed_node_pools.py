@@ -138,6 +138,13 @@ def test_a_local_mixed_node_pool_is_sized_in_nodes_by_the_daemon() -> None:
     spec = setups_from_config(cfg)[0].spec
     assert spec.placement == "mixed-node" and spec.prefill_mem_frac == pytest.approx(0.4 / 0.9)
     assert setups_from_config(ControllerConfig())[0].spec.placement == "dedicated"
+    pool = {"name": "m", "placement": "mixed-node", "policy": {"standby_decode": 1}}
+    with pytest.raises(
+        ValueError, match=r"'m': placement 'mixed-node' has no standby tier.*standby_decode=1"
+    ):
+        ControllerConfig.model_validate({"pools": [pool]})
+    k8s = ControllerConfig.model_validate({"pools": [{"name": "m", "placement": "mixed-node"}]})
+    assert setups_from_config(k8s)[0].spec.placement == "mixed-node"
 
 
 def test_static_peak_sizes_whole_nodes_and_the_budget_split_counts_nodes() -> None:
