@@ -273,7 +273,33 @@ class PoolConfig(BaseModel):
             " most the budget"
         ),
     )
+    placement: Literal["dedicated", "mixed-node"] = Field(
+        "dedicated",
+        description=(
+            "dedicated: one instance per node; mixed-node: each node hosts a prefill and a decode instance (the"
+            " controller scales whole nodes: both roles at the larger need, no standby; Kubernetes: the pool's"
+            " pdscale.io/placement=mixed-node Deployment)"
+        ),
+    )
+    prefill_mem_frac: float = Field(
+        0.4, gt=0.0, lt=1.0, description="mixed-node: the prefill instance's share of a node's KV memory"
+    )
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
+
+    @model_validator(mode="after")
+    def _mixed_node_standby(self) -> PoolConfig:
+        if self.placement == "mixed-node":
+            asked = [
+                f"policy.{name}={getattr(self.policy, name)}"
+                for name in ("standby_prefill", "standby_decode")
+                if name in self.policy.model_fields_set and getattr(self.policy, name) > 0
+            ]
+            if asked:
+                raise ValueError(
+                    f"pool {self.name!r}: placement 'mixed-node' has no standby tier (a warm node would hold "
+                    f"both instances' memory); {', '.join(asked)} cannot apply: set it to 0"
+                )
+        return self
 
 
 class SourceConfig(BaseModel):

@@ -17,10 +17,11 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
-from controller.capacity import CapacityCache
+from controller.capacity import CapacityCache, prompt_load_per_node
 from controller.config import ControllerConfig, PolicyConfig
 from controller.policy import (
     PolicyContext,
@@ -39,6 +40,7 @@ from controller.policy.decide import (
     queue_risk,
     slo_risk,
 )
+from controller.policy.mixed_node import node_plan
 from controller.policy.types import ROLES, RoleHistory
 from controller.sources.aggregate import LoadAggregator, PoolLoad
 from forecaster.types import ForecastBatch, Forecaster
@@ -63,10 +65,22 @@ class PoolSetup:
 
 
 def setups_from_config(cfg: ControllerConfig) -> list[PoolSetup]:
-    """One ``PoolSetup`` per configured pool (the spec carries the policy's min/max per role)."""
+    """One ``PoolSetup`` per configured pool (the spec carries the policy's min/max per role). A pool placed
+    on mixed nodes (``placement``, or the local pool's ``actuator.pool.placement``, whose KV splits in the
+    proportion of the two servers' memory shares) is sized in nodes on the partitioned capacities."""
     out = []
+    local = cfg.actuator.pool if cfg.actuator.kind == "local" else None
     for pool in cfg.pools:
         p = pool.policy
+        placement: dict[str, Any] = {}
+        if pool.placement == "mixed-node":
+            placement = {"placement": "mixed-node", "prefill_mem_frac": pool.prefill_mem_frac}
+        if local is not None and local.placement == "mixed-node":
+            from serving.pools.local import DEFAULT_PREFILL_SHARE, default_decode_share
+
+            pre = DEFAULT_PREFILL_SHARE if local.prefill_mem_frac is None else local.prefill_mem_frac
+            dec = default_decode_share(pre) if local.decode_mem_frac is None else local.decode_mem_frac
+            placement = {"placement": "mixed-node", "prefill_mem_frac": pre / (pre + dec)}
         spec = PoolSpec(
             name=pool.name,
             profile=pool.profile,
@@ -74,6 +88,7 @@ def setups_from_config(cfg: ControllerConfig) -> list[PoolSetup]:
             slo_itl_ms=pool.slo_itl_ms,
             prefill=RoleCounts(initial=p.min_prefill, min=p.min_prefill, max=p.max_prefill),
             decode=RoleCounts(initial=p.min_decode, min=p.min_decode, max=p.max_decode),
+            **placement,
         )
         out.append(PoolSetup(spec, p))
     return out
@@ -303,6 +318,8 @@ class Pipeline:
         self.last_tick_s = math.nan
         self._seen: set[str] = set()  # every instance id scraped so far
         self._previous: set[str] = set()  # the instance ids of the previous scrape
+        # mixed-node pools: each role's own last target before the node conversion (``_mixed_nodes``)
+        self._role_targets: dict[str, dict[str, int]] = {}
         forecaster.reset(names)
 
     @property
@@ -328,6 +345,7 @@ class Pipeline:
             raise ValueError(f"Pipeline.tick: no replica counts for pools {missing}")
         dt = now_s - self.last_tick_s if math.isfinite(self.last_tick_s) else 1.0
         self.last_tick_s = now_s
+        counts = self._role_counts(counts)
         samples, back = self._mask_returning(samples)
         vanished = self._vanished(samples)
         loads = self.aggregator.update(samples, self.pools)
@@ -360,9 +378,37 @@ class Pipeline:
             decisions[name] = PoolDecision(name, plan, obs, loads[name], forecasts[name], reasons, gone)
         if self.budget is not None:
             decisions = self._budget(decisions, counts, now_s)
+        decisions = self._mixed_nodes(decisions)
         return TickResult(now_s, decisions, self.forecaster.name, error)
 
     # -- steps -----------------------------------------------------------------------------------
+
+    def _mixed_nodes(self, decisions: dict[str, PoolDecision]) -> dict[str, PoolDecision]:
+        """Mixed-node pools scale whole nodes: both roles at the larger need (``node_plan``, issue 8). Each
+        role's own target is remembered: the next tick decides each role from it (``_role_counts``)."""
+        for name, d in decisions.items():
+            spec = self.tracks[name].setup.spec
+            if d.plan is None or spec.placement != "mixed-node":
+                continue
+            self._role_targets[name] = {"prefill": d.plan.prefill, "decode": d.plan.decode}
+            lo, hi = max(spec.prefill.min, spec.decode.min), min(spec.prefill.max, spec.decode.max)
+            plan = node_plan(d.plan, lo, hi)
+            decisions[name] = replace(d, plan=plan, reasons=plan.reasons)
+        return decisions
+
+    def _role_counts(self, counts: Mapping[str, PoolCounts]) -> Mapping[str, PoolCounts]:
+        """A mixed-node pool's replicas as each role last wanted them, not the node count both are set to:
+        the role that does not bind keeps its own scale-down history (its hysteresis would otherwise hold the
+        nodes the other role no longer needs). The nodes actually serving stay in ``active``."""
+        if not self._role_targets:
+            return counts
+        out = dict(counts)
+        for name, wanted in self._role_targets.items():
+            if name in out:
+                c = out[name]
+                replicas = {r: min(wanted.get(r, n), n) for r, n in c.replicas.items()}
+                out[name] = replace(c, replicas=replicas)
+        return out
 
     def _vanished(self, samples: InstanceSamples) -> dict[str, set[str]]:
         now: dict[str, set[str]] = {p: set() for p in self.tracks}
@@ -424,7 +470,9 @@ class Pipeline:
         spec = track.setup.spec
         return PolicyContext(
             obs=obs,
-            capacity=track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma),
+            capacity=track.capacity.get(
+                track.lengths.prompt_ewma, track.lengths.output_ewma, prompt_load_per_node(obs)
+            ),
             config=track.setup.policy,
             slo_ttft_ms=spec.slo_ttft_ms,
             slo_itl_ms=spec.slo_itl_ms,

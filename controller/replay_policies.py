@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import ValidationError
 
-from controller.capacity import CapacityCache
+from controller.capacity import CapacityCache, prompt_load_per_node
 from controller.config import PolicyConfig, format_validation_error
 from controller.pipeline import (
     BudgetInput,
@@ -34,6 +34,7 @@ from controller.pipeline import (
 )
 from controller.policy import PoolObservation, ScalingPlan
 from controller.policy.dynamo import DynamoConfig, DynamoState, decide_dynamo
+from controller.policy.mixed_node import node_plan
 from controller.policy.reactive import ReactiveConfig, ReactiveState, decide_reactive
 from controller.policy.types import PoolCapacity
 from controller.sources.aggregate import LoadAggregator, PoolLoad
@@ -50,9 +51,42 @@ def _require_disaggregated(fleet: FleetSpec, policy: str) -> None:
     for pool in fleet.pools:
         if not pool.disaggregated:
             raise ValueError(
-                f"policy {policy!r}: pool {pool.name!r} is colocated (mixed instances); the controller "
-                "sizes prefill and decode pools — colocated pools are not supported yet (issue 8)"
+                f"policy {policy!r}: pool {pool.name!r} is colocated (one vLLM instance doing both phases, "
+                "role 'mixed'); the controller sizes prefill and decode instances — run such a pool with "
+                "fixed or static-peak, or as PD-mixed nodes (placement: mixed-node, prefill/decode roles)"
             )
+        if pool.placement == "mixed-node" and (pool.prefill.standby or pool.decode.standby):
+            raise ValueError(
+                f"policy {policy!r}: pool {pool.name!r} has placement 'mixed-node', which has no standby tier "
+                f"(a warm node would hold both instances' memory), but asks for standby "
+                f"prefill={pool.prefill.standby}, decode={pool.decode.standby}: set them to 0"
+            )
+
+
+def _mixed_node_config(config: C, spec: PoolSpec, policy: str) -> C:
+    """``config`` for a mixed-node pool: standby fields at their defaults set to 0 (mixed nodes have no
+    standby tier); a non-zero standby other than the default is an error naming the pool and the field."""
+    if spec.placement != "mixed-node":
+        return config
+    update = {}
+    for name in ("standby_prefill", "standby_decode"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            if value != type(config).model_fields[name].default:
+                raise ValueError(
+                    f"policy {policy!r}: pool {spec.name!r} has placement 'mixed-node', which has no standby "
+                    f"tier; {name}={value} cannot apply: set it to 0"
+                )
+            update[name] = 0
+    return config.model_copy(update=update) if update else config
+
+
+def pool_plan(plan: ScalingPlan, spec: PoolSpec) -> ScalingPlan:
+    """The plan the pool's actuator gets: for a mixed-node pool, whole nodes (``node_plan``: both roles at
+    the larger need, the binding role in the reasons), within the pool's bounds of both roles."""
+    if spec.placement != "mixed-node":
+        return plan
+    return node_plan(plan, max(spec.prefill.min, spec.decode.min), min(spec.prefill.max, spec.decode.max))
 
 
 @dataclass
@@ -164,9 +198,12 @@ class _ControllerPolicy:
         for name, b in inputs.items():
             plan = plans.get(name, b.plan)
             if plan is not None:
-                self.decisions.append((now_s, plan))
                 track = self.tracks[name]
-                out.extend(plan_commands(plan, track.spec, track.replicas))
+                nodes = pool_plan(plan, track.spec)
+                self.decisions.append((now_s, nodes))
+                out.extend(plan_commands(nodes, track.spec, track.replicas))
+                if nodes is not plan:  # mixed-node: each role decides next from its own target (see Pipeline)
+                    track.replicas.update({r: min(plan.count(r), track.replicas[r]) for r in ROLES})
         return out
 
 
@@ -197,7 +234,10 @@ class ReactivePolicy(_ControllerPolicy):
         super().reset(fleet, traces)
         _check_pool_names(self.pool_configs, fleet, self.name)
         self.configs = {
-            p.name: with_spec_bounds(self.pool_configs.get(p.name, self.config), p) for p in fleet.pools
+            p.name: with_spec_bounds(
+                _mixed_node_config(self.pool_configs.get(p.name, self.config), p, self.name), p
+            )
+            for p in fleet.pools
         }
         self.states = {p.name: ReactiveState() for p in fleet.pools}
 
@@ -208,7 +248,9 @@ class ReactivePolicy(_ControllerPolicy):
             cfg = self.configs[name]
             counts = view_counts(name, view, track.replicas)
             obs = build_observation(name, loads[name], counts, view.now_s, None, track.lengths)
-            cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
+            cap = track.capacity.get(
+                track.lengths.prompt_ewma, track.lengths.output_ewma, prompt_load_per_node(obs)
+            )
             plan, self.states[name] = decide_reactive(
                 obs, cap, cfg, track.spec.slo_ttft_ms, self.states[name]
             )
@@ -241,7 +283,10 @@ class DynamoLikePolicy(_ControllerPolicy):
         super().reset(fleet, traces)
         _check_pool_names(self.pool_configs, fleet, self.name)
         self.configs = {
-            p.name: with_spec_bounds(self.pool_configs.get(p.name, self.config), p) for p in fleet.pools
+            p.name: with_spec_bounds(
+                _mixed_node_config(self.pool_configs.get(p.name, self.config), p, self.name), p
+            )
+            for p in fleet.pools
         }
         self.states = {p.name: DynamoState() for p in fleet.pools}
 
@@ -252,7 +297,9 @@ class DynamoLikePolicy(_ControllerPolicy):
             cfg = self.configs[name]
             counts = view_counts(name, view, track.replicas)
             obs = build_observation(name, loads[name], counts, view.now_s, None, track.lengths)
-            cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
+            cap = track.capacity.get(
+                track.lengths.prompt_ewma, track.lengths.output_ewma, prompt_load_per_node(obs)
+            )
             plan, self.states[name] = decide_dynamo(obs, cap, cfg, dt, self.states[name])
             floor = (cfg.min_prefill, cfg.min_decode)
             inputs[name] = _budget_input(track, plan, obs, cap, counts, floor)
@@ -313,8 +360,10 @@ class PredictivePolicy:
         self.last_obs = {}
         self.forecaster = self.make_forecaster()
         setups = [
-            PoolSetup(p, with_spec_bounds(self.pool_configs.get(p.name, self.config), p)) for p in fleet.pools
-        ]
+            PoolSetup(p, with_spec_bounds(_mixed_node_config(self.pool_configs.get(p.name, self.config), p,
+                                                             self.name), p))
+            for p in fleet.pools
+        ]  # fmt: skip
         self.pipeline = Pipeline(
             setups,
             self.forecaster,
@@ -335,7 +384,7 @@ class PredictivePolicy:
             plan = decision.plan
             if plan is None:
                 continue
-            self.decisions.append((now_s, plan))
+            self.decisions.append((now_s, plan))  # mixed-node pools: in nodes already (Pipeline)
             out.extend(plan_commands(plan, self.specs[name], self.replicas[name]))
         return out
 
@@ -389,6 +438,7 @@ class OraclePolicy:
     headroom: float = 0.0
     needs: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     lead_s: dict[str, float] = field(default_factory=dict)
+    mixed_node: set[str] = field(default_factory=set)  # pools placed on PD-mixed nodes (sized in nodes)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.headroom) and 0.0 <= self.headroom <= 10.0):
@@ -399,6 +449,7 @@ class OraclePolicy:
     def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
         _require_disaggregated(fleet, self.name)
         self.needs = {}
+        self.mixed_node = {p.name for p in fleet.pools if p.placement == "mixed-node"}
         for pool in fleet.pools:
             trace = traces.get(pool.name)
             if trace is None or len(trace) == 0:
@@ -414,8 +465,11 @@ class OraclePolicy:
             if lo >= hi:
                 out += [ScaleCommand(name, "prefill", 1), ScaleCommand(name, "decode", 1)]
                 continue
-            out.append(ScaleCommand(name, "prefill", max(1, int(prefill[lo:hi].max()))))
-            out.append(ScaleCommand(name, "decode", max(1, int(decode[lo:hi].max()))))
+            n_prefill, n_decode = max(1, int(prefill[lo:hi].max())), max(1, int(decode[lo:hi].max()))
+            if name in self.mixed_node:  # whole nodes: both roles at the larger need
+                n_prefill = n_decode = max(n_prefill, n_decode)
+            out.append(ScaleCommand(name, "prefill", n_prefill))
+            out.append(ScaleCommand(name, "decode", n_decode))
         return out
 
 

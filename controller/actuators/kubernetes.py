@@ -4,7 +4,10 @@ A pool's Deployments are found by label in one namespace::
 
     pdscale.io/pool=<pool>   pdscale.io/role=<prefill|decode>   pdscale.io/tier=<active|standby>
 
-(no tier label = ``active``; the warm standby of a role is its own Deployment). Reading is one
+(no tier label = ``active``; the warm standby of a role is its own Deployment). A PD-mixed-node pool's pods
+hold both roles, so its Deployment carries ``pdscale.io/placement=mixed-node`` and no role label: it stands for
+both roles of its tier and is written once, with the larger of the two targets (the controller plans mixed
+pools in whole nodes, prefill = decode = nodes). Reading is one
 ``list_namespaced_deployment`` per call; writing is a merge patch ``{"spec": {"replicas": N}}`` on the
 Deployment's scale subresource, skipped when ``spec.replicas`` is already N, so applying a plan twice makes
 no second write. A 409 Conflict is retried (bounded) after re-reading the scale; 429, 5xx, timeouts and
@@ -48,6 +51,7 @@ log = logging.getLogger(__name__)
 LABEL_POOL = "pdscale.io/pool"
 LABEL_ROLE = "pdscale.io/role"
 LABEL_TIER = "pdscale.io/tier"
+LABEL_PLACEMENT = "pdscale.io/placement"
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -109,6 +113,19 @@ def _retry_after_s(err: ApiException, default: float) -> float:
         return max(float(value), 0.0) if value is not None else default
     except ValueError:
         return default
+
+
+def _shared_targets(
+    deps: dict[tuple[str, str], _Deployment], targets: dict[str, tuple[int, int]]
+) -> dict[str, int]:
+    """Deployment name -> replicas for each Deployment standing for both roles (mixed-node): the larger of
+    its roles' targets in its tier (equal when the plan is in whole nodes)."""
+    roles_of: dict[str, list[tuple[str, int]]] = {}
+    for (role, tier), dep in deps.items():
+        roles_of.setdefault(dep.name, []).append((role, TIERS.index(tier)))
+    return {
+        name: max(targets[role][i] for role, i in uses) for name, uses in roles_of.items() if len(uses) > 1
+    }
 
 
 class KubernetesActuator:
@@ -197,6 +214,9 @@ class KubernetesActuator:
             labels = item.metadata.labels or {}
             name = item.metadata.name
             role, tier = labels.get(LABEL_ROLE), labels.get(LABEL_TIER, "active")
+            roles: tuple[str, ...] = (role,) if role is not None else ()
+            if role is None and labels.get(LABEL_PLACEMENT) == "mixed-node":
+                role, roles = "mixed-node", ROLES  # a node's pod holds both roles
             if role is None:
                 log.debug(
                     "Deployment %s/%s has no %s label: not a pool role, ignored",
@@ -205,19 +225,21 @@ class KubernetesActuator:
                     LABEL_ROLE,
                 )
                 continue
-            if role not in ROLES or tier not in TIERS:
+            if not set(roles) <= set(ROLES) or tier not in TIERS:
                 raise ActuatorError(
                     f"Deployment {self.namespace}/{name}: labels {LABEL_ROLE}={role!r}, {LABEL_TIER}={tier!r}; "
                     f"expected a role in {ROLES} and a tier in {TIERS}"
                 )
-            other = found.get((role, tier))
-            if other is not None:
-                raise ActuatorError(
-                    f"Deployments {self.namespace}/{other.name} and {self.namespace}/{name} are both labelled "
-                    f"{_selector(pool, role, tier)}: exactly one may be"
-                )
             ready = (item.status.ready_replicas if item.status is not None else None) or 0
-            found[(role, tier)] = _Deployment(name, role, tier, int(item.spec.replicas or 0), int(ready))
+            for r in roles:
+                other = found.get((r, tier))
+                if other is not None:
+                    raise ActuatorError(
+                        f"Deployments {self.namespace}/{other.name} and {self.namespace}/{name} both stand for "
+                        f"{_selector(pool, r, tier)} (a role label, or {LABEL_PLACEMENT}=mixed-node for both "
+                        "roles): exactly one may"
+                    )
+                found[(r, tier)] = _Deployment(name, r, tier, int(item.spec.replicas or 0), int(ready))
         return found
 
     def current(self, pool: str) -> PoolReplicas:
@@ -241,6 +263,8 @@ class KubernetesActuator:
         targets, notes = clamp_targets(plan, bounds)
         deps = self._deployments(plan.pool)
         changes: list[Change] = []
+        shared = _shared_targets(deps, targets)  # mixed-node Deployments: one write, the larger target
+        written: set[str] = set()
         for role in ROLES:
             active, standby = targets[role]
             if (role, "active") not in deps:
@@ -256,7 +280,12 @@ class KubernetesActuator:
                 targets[role] = (active, 0)
             for tier, want in zip(TIERS, targets[role], strict=True):
                 dep = deps.get((role, tier))
-                if dep is None or dep.replicas == want:
+                if dep is None or dep.name in written:
+                    continue
+                if dep.name in shared:
+                    want = shared[dep.name]
+                    written.add(dep.name)
+                if dep.replicas == want:
                     continue
                 change = Change(plan.pool, role, tier, dep.name, dep.replicas, want)
                 if self.dry_run:

@@ -111,7 +111,8 @@ def manifests_cmd(
 
     --placement mixed-node puts one prefill and one decode container in each pod, sharing the node's GPUs
     (--gpu-memory-utilization 0.4 and 0.5 by default); --prefill and --decode must then be equal, and the
-    controller is not rendered (its actuator scales Deployments per role). The two shares may add up to
+    controller scales the pd-mixed Deployment in nodes (both roles at the larger need, no standby). The two
+    shares may add up to
     0.95 at most, and decode never gets less than --decode-min-mem-frac (0.3): a rendering that breaks
     either rule is refused with the option named. By default the prefill container requests the GPUs and
     the decode container sees the node's devices through the NVIDIA runtime (whole-node pods only);

@@ -51,7 +51,16 @@ def router_admin_config(spec: ManifestSpec) -> dict[str, Any]:
 
 
 def controller_config(spec: ManifestSpec) -> dict[str, Any]:
-    """The controller configuration for this pool: Prometheus in, Kubernetes out, metrics on 9100."""
+    """The controller configuration for this pool: Prometheus in, Kubernetes out, metrics on 9100.
+
+    A mixed-node pool is configured as such (``placement: mixed-node``, the prefill container's share of the
+    two containers' memory as ``prefill_mem_frac``): the controller scales whole nodes, i.e. the
+    ``pd-mixed`` Deployment, and keeps no standby (the ``pd-mixed-standby`` Deployment goes to 0)."""
+    mixed = spec.placement == "mixed-node"
+    placement: dict[str, Any] = {}
+    if mixed:
+        share = spec.prefill_mem_frac / (spec.prefill_mem_frac + spec.decode_share)
+        placement = {"placement": "mixed-node", "prefill_mem_frac": round(share, 4)}
     return {
         "tick_s": 1.0,
         "pools": [
@@ -60,8 +69,9 @@ def controller_config(spec: ManifestSpec) -> dict[str, Any]:
                 "profile": spec.profile,
                 "slo_ttft_ms": spec.slo_ttft_ms,
                 "slo_itl_ms": spec.slo_itl_ms,
+                **placement,
                 "policy": {
-                    "standby_decode": spec.standby_decode,
+                    "standby_decode": 0 if mixed else spec.standby_decode,
                     "standby_prefill": 0,
                     "min_prefill": min(1, spec.prefill),
                     "max_prefill": spec.max_prefill,

@@ -114,11 +114,11 @@ def render(spec: ManifestSpec) -> Rendering:
         )
     if spec.placement == "mixed-node":
         notes.append(
-            "placement mixed-node: the controller is not rendered: its Kubernetes actuator scales one "
-            "Deployment per role, and a mixed-node pod holds both roles (scaling mixed nodes is a later issue)"
+            "placement mixed-node: the controller sizes mixed nodes (the pd-mixed Deployment: both roles at "
+            "the larger need, on the partitioned capacities) and keeps no standby: it scales "
+            "pd-mixed-standby to 0 (render with --standby-decode 0 not to start those pods at all)"
         )
-    else:
-        manifests["20-controller.yaml"] = controller_objects(spec)
+    manifests["20-controller.yaml"] = controller_objects(spec)
     files = {
         RULES_FILE: rules,
         SCRAPE_FILE: yaml.safe_dump(scrape_config(spec), sort_keys=False, width=120),

@@ -153,7 +153,8 @@ class ManifestSpec:
             )
         if self.router_drain and self.placement == "mixed-node":
             out.append(
-                "--router-drain: configures the controller, which --placement mixed-node does not render"
+                "--router-drain: drains one role's backend before its scale-down, but a --placement "
+                "mixed-node pod serves both roles; not supported together"
             )
         if self.placement == "mixed-node" and self.prefill != self.decode:
             out.append(

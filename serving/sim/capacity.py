@@ -261,3 +261,63 @@ def instances_needed(
         decode_load_tps=decode_tps,
         mixed=math.ceil(pre_share + dec_share - 1e-9),
     )
+
+
+@dataclass(frozen=True)
+class MixedNodeCapacity:
+    """What one PD-mixed node sustains: its prefill instance (at the node's ``prefill_mem_frac`` of the KV
+    memory) and its decode instance (the rest), the decode step stretched by the node's interference."""
+
+    prefill: PrefillCapacity
+    decode: DecodeCapacity
+    busy_slowdown: float  # decode step stretch while the prefill instance works (given, or derived)
+    prefill_busy: float  # the prefill instance's busy share at its capacity (its M/D/1 utilisation)
+    effective_slowdown: float  # 1 + (busy_slowdown - 1) x prefill_busy: the decode sizing's ITL divisor
+
+
+def mixed_node_capacity(
+    profile: HardwareProfile,
+    model: LatencyModel,
+    slo_ttft_ms: float,
+    slo_itl_ms: float,
+    mean_prompt_tokens: float,
+    mean_output_tokens: float,
+    *,
+    prefill_mem_frac: float,
+    slowdown: float | None = None,
+    prompt_tps_per_node: float | None = None,
+    quantile: float = DEFAULT_TTFT_QUANTILE,
+) -> MixedNodeCapacity:
+    """One mixed node's capacities, as the simulator runs it (``serving.sim.engine``: the node's KV tokens
+    split by ``prefill_mem_frac``).
+
+    Prefill: :func:`prefill_capacity` on the prefill share's KV. Decode: :func:`decode_capacity` on the rest,
+    at the ITL SLO divided by the mean step stretch ``1 + (s - 1) x ρ``, where ρ is the prefill instance's busy
+    share: ``prompt_tps_per_node`` over what the instance prefills when always busy, when the prompt load per
+    node is known (the controller's measured load over its nodes), else the busy share at its capacity load
+    (the most it can be busy while meeting the TTFT SLO: right when prefill binds, pessimistic when decode
+    binds); ρ is at most 1. ``s`` is ``slowdown`` or, when None, derived
+    (``serving.sim.interference.busy_slowdown``) for a full decode batch at the SLO beside a packed prefill
+    iteration of mean prompts.
+    """
+    from serving.sim.interference import busy_slowdown, mean_slowdown
+
+    if not 0.0 < prefill_mem_frac < 1.0:
+        raise CapacityError(f"prefill_mem_frac must lie in (0, 1), got {prefill_mem_frac!r}")
+    _check_positive(mean_prompt_tokens=mean_prompt_tokens, mean_output_tokens=mean_output_tokens)
+    kv_gib = profile.kv_pool_bytes_per_gpu / float(1 << 30)
+    pre_profile = profile.with_overrides(kv_cache_gib=kv_gib * prefill_mem_frac)
+    dec_profile = profile.with_overrides(kv_cache_gib=kv_gib * (1.0 - prefill_mem_frac))
+    pre = prefill_capacity(pre_profile, model, slo_ttft_ms, mean_prompt_tokens, quantile=quantile)
+    ctx = mean_prompt_tokens + mean_output_tokens / 2.0
+    if slowdown is None:
+        batch = max(decode_capacity(dec_profile, model, slo_itl_ms, ctx).max_batch, 1)
+        iteration = max(pre.prompts_per_iteration, 1) * max(round(mean_prompt_tokens), 1)
+        slowdown = busy_slowdown(model, batch, round(batch * ctx), iteration)
+    busy = pre.utilisation
+    if prompt_tps_per_node is not None and math.isfinite(prompt_tps_per_node) and pre.utilisation > 0:
+        full_tps = pre.tokens_per_s / pre.utilisation  # prompt tokens/s of an always-busy prefill instance
+        busy = min(max(prompt_tps_per_node, 0.0) / full_tps, 1.0)
+    eff = mean_slowdown(slowdown, busy)
+    dec = decode_capacity(dec_profile, model, slo_itl_ms / eff, ctx)
+    return MixedNodeCapacity(pre, dec, slowdown, busy, eff)

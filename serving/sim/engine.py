@@ -67,6 +67,7 @@ import numpy as np
 
 from serving.sim.fleet import ROLES, FleetSpec, PoolSpec
 from serving.sim.instance import Instance, LatencyLike, ProfileLike, RequestTable
+from serving.sim.interference import Interference
 from serving.sim.report import ReplayReport, Timeline, percentiles, request_latencies_ms, slo_met
 from serving.sim.router import Router, RouteRequest, make_router
 from serving.sim.samples import (
@@ -182,6 +183,14 @@ class _Pool:
         if self.mixed_node:  # the node's KV memory is partitioned between its two instances
             self.kv_tokens["prefill"] = int(cap * spec.prefill_mem_frac)
             self.kv_tokens["decode"] = cap - self.kv_tokens["prefill"]
+        # mixed-node interference: a fixed factor when the spec names one, else derived from the latency model
+        self.slowdown = 1.0
+        self.interference: Interference | None = None
+        if self.mixed_node:
+            if spec.mixed_node_slowdown is not None:
+                self.slowdown = spec.mixed_node_slowdown
+            else:
+                self.interference = Interference(latency)
 
 
 class Simulator:
@@ -555,7 +564,8 @@ class Simulator:
             marked=n < marks.get(role, 0),
             now_s=self.now_s,
             kv_capacity_tokens=pool.kv_tokens[role],
-            slowdown=pool.spec.mixed_node_slowdown if pool.mixed_node else 1.0,
+            slowdown=pool.slowdown,
+            interference=pool.interference,
         )
         if sibling is not None:
             inst.sibling, sibling.sibling = sibling, inst

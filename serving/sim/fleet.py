@@ -55,8 +55,10 @@ class PoolSpec:
         0.4  # mixed-node placement: share of the node's KV memory for the prefill instance
     )
     # mixed-node placement: decode steps run this many times slower while the node's prefill instance is busy
-    # (shared compute). A modelling assumption, not a measured figure.
-    mixed_node_slowdown: float = 1.3
+    # (shared compute). None (the default): derived per step from the latency model's operator timings
+    # (serving/sim/interference.py: the decode batch, its context and the prefill iteration in progress) — a
+    # model from kernel timings, not a measurement on a real mixed node; a number overrides it.
+    mixed_node_slowdown: float | None = None
     prefill: RoleCounts = field(default_factory=lambda: RoleCounts(initial=1, min=0))
     decode: RoleCounts = field(default_factory=lambda: RoleCounts(initial=1, min=0))
     mixed: RoleCounts = field(default_factory=lambda: RoleCounts(initial=0, max=0))
@@ -89,7 +91,7 @@ class PoolSpec:
             out.append(f"{where}.placement={self.placement!r}: expected one of {PLACEMENTS}")
         if not 0.0 < self.prefill_mem_frac < 1.0:
             out.append(f"{where}.prefill_mem_frac={self.prefill_mem_frac} must lie in (0, 1)")
-        if not self.mixed_node_slowdown >= 1.0:
+        if self.mixed_node_slowdown is not None and not self.mixed_node_slowdown >= 1.0:
             out.append(f"{where}.mixed_node_slowdown={self.mixed_node_slowdown} must be >= 1")
         if self.placement == "mixed-node" and not self.disaggregated:
             out.append(

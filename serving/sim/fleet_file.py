@@ -93,6 +93,11 @@ class FleetPool(BaseModel):
     slo_itl_ms: float = Field(50.0, gt=0.0, description="mean inter-token latency SLO, ms")
     router: str = Field("least-loaded", description="round-robin, least-loaded or context-aware")
     placement: Literal["dedicated", "mixed-node"] = "dedicated"
+    mixed_node_slowdown: float | None = Field(
+        None,
+        ge=1.0,
+        description="mixed-node: fixed decode slowdown (default: derived, serving/sim/interference.py)",
+    )
     prefill: RoleBounds = Field(default_factory=RoleBounds)
     decode: RoleBounds = Field(default_factory=RoleBounds)
     mixed: RoleBounds | None = Field(None, description="colocated instances instead of prefill/decode")
@@ -111,6 +116,7 @@ class FleetPool(BaseModel):
             slo_itl_ms=self.slo_itl_ms,
             router=self.router,
             placement=self.placement,
+            mixed_node_slowdown=self.mixed_node_slowdown,
             prefill=prefill,
             decode=decode,
             mixed=mixed,
@@ -207,12 +213,14 @@ def select_model(trace: Trace, model: str, where: str = "model") -> Trace:
 
 # -- budget split ---------------------------------------------------------------------------------------
 def peak_demand_gpus(pool: PoolSpec, trace: Trace) -> int:
-    """GPUs the capacity model says ``trace``'s busiest 60 s need on ``pool`` (static-peak sizing)."""
+    """GPUs the capacity model says ``trace``'s busiest 60 s need on ``pool`` (static-peak sizing); a
+    mixed-node pool's prefill and decode instances share their node's GPUs."""
     from serving.sim.hardware import get_profile
     from serving.sim.replay import static_peak_counts
 
     counts = static_peak_counts(pool, trace)
-    return sum(counts.values()) * int(get_profile(pool.profile).gpus)
+    instances = max(counts.values()) if pool.placement == "mixed-node" else sum(counts.values())
+    return instances * int(get_profile(pool.profile).gpus)
 
 
 def static_split(fleet: FleetSpec, traces: Mapping[str, Trace]) -> dict[str, int]:

@@ -48,6 +48,7 @@ from typing import Protocol
 
 import numpy as np
 
+from serving.sim.interference import Interference
 from serving.sim.samples import E2E_BUCKETS_S, ITL_BUCKETS_S, TTFT_BUCKETS_S
 
 # Longest decode run priced at once; a run stops earlier at its first completion or a full KV cache.
@@ -205,6 +206,7 @@ class Instance:
         *,
         kv_capacity_tokens: int | None = None,
         slowdown: float = 1.0,
+        interference: Interference | None = None,
     ) -> None:
         self.index = index
         self.instance_id = instance_id
@@ -223,6 +225,7 @@ class Instance:
         # that one is busy (only decode instances are slowed; see PoolSpec.mixed_node_slowdown)
         self.sibling: Instance | None = None
         self.slowdown = slowdown
+        self.interference = interference  # set: the slowdown is derived per decode run (overrides slowdown)
         self.max_seqs = int(profile.max_num_seqs)
         self.max_batched = int(profile.max_num_batched_tokens)
         # lifecycle
@@ -489,9 +492,15 @@ class Instance:
         self.preemptions_total += 1
         heapq.heappush(self.waiting, (req.priority[victim], victim))
 
-    def _factor(self) -> float:
+    def _factor(self, batch: int, context_tokens: float) -> float:
         sibling = self.sibling
-        return self.slowdown if sibling is not None and sibling.busy and self.role == "decode" else 1.0
+        if sibling is None or not sibling.busy or self.role != "decode":
+            return 1.0
+        if self.interference is None:
+            return self.slowdown
+        # the sibling's iteration in progress: its prompt tokens (a decode run there counts as one token each)
+        prefill = sum(c for _, c in sibling._it_chunks) if not sibling._run else sibling._run_batch
+        return self.interference.slowdown(batch, context_tokens, prefill)
 
     def _step_need(self) -> int:
         return self._phase[(-self.step) % self.block_size] if self.decoding else 0
@@ -610,7 +619,7 @@ class Instance:
         if per_ctx is None:
             far = float(self.latency.iteration_ms(0, 0, n, ctx0 + n * 1024))
             per_ctx = self._ms_per_ctx[n] = max((far - first) / (n * 1024), 0.0)
-        factor = self._factor()
+        factor = self._factor(n, ctx0)
         first *= factor
         slope = per_ctx * n * factor
         self._run = True

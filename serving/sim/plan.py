@@ -36,9 +36,10 @@ from serving.pools.local import (
     MIXED_NODE_DEFAULT_TOTAL,
     mixed_node_share_problems,
 )
-from serving.sim.capacity import CapacityError, InstancesNeeded, instances_needed
+from serving.sim.capacity import CapacityError, InstancesNeeded, decode_capacity, instances_needed
 from serving.sim.fleet import FleetSpec, PoolSpec, single_pool
 from serving.sim.hardware import HardwareProfile, get_profile
+from serving.sim.interference import busy_slowdown
 from serving.sim.latency import LatencyModel, latency_model_for
 from serving.workload.trace import Trace
 
@@ -507,7 +508,8 @@ PLACEMENTS: tuple[str, ...] = ("dedicated", "mixed-node")
 PLACEMENT_MODES: tuple[str, ...] = (*PLACEMENTS, "compare")
 DEFAULT_PREFILL_MEM_FRAC = DEFAULT_PREFILL_SHARE  # the seed's split, as the launcher and manifests use it
 DEFAULT_MIXED_NODE_TOTAL = MIXED_NODE_DEFAULT_TOTAL  # decode's default share is this minus prefill's
-DEFAULT_MIXED_NODE_SLOWDOWN = PoolSpec.mixed_node_slowdown  # the simulator's default (an assumption)
+# None: derived from the latency model's operator timings (serving/sim/interference.py), as the simulator does
+DEFAULT_MIXED_NODE_SLOWDOWN: float | None = PoolSpec.mixed_node_slowdown
 
 
 @dataclass(frozen=True)
@@ -515,12 +517,12 @@ class NodePartition:
     """How a PD-mixed node's GPU memory is split: each instance is vLLM with its own
     ``--gpu-memory-utilization`` (its own copy of the weights and activation reserve, so the two KV caches
     add up to less than one dedicated instance's), and decode steps ``slowdown`` x slower while the node's
-    prefill instance works. The shares follow the launcher's rules (``mixed_node_share_problems``: at most
+    prefill instance works (None: derived from the operator timings, ``serving.sim.interference``). The shares follow the launcher's rules (``mixed_node_share_problems``: at most
     0.95 together, decode at least ``decode_min_mem_frac``)."""
 
     prefill_mem_frac: float = DEFAULT_PREFILL_MEM_FRAC
     decode_mem_frac: float = DEFAULT_MIXED_NODE_TOTAL - DEFAULT_PREFILL_MEM_FRAC
-    slowdown: float = DEFAULT_MIXED_NODE_SLOWDOWN
+    slowdown: float | None = DEFAULT_MIXED_NODE_SLOWDOWN
     decode_min_mem_frac: float = DEFAULT_DECODE_MIN_SHARE
 
     def __post_init__(self) -> None:
@@ -530,7 +532,7 @@ class NodePartition:
             self.decode_min_mem_frac,
             names=("--prefill-mem-frac", "--decode-mem-frac", "--decode-min-mem-frac"),
         )
-        if not (math.isfinite(self.slowdown) and self.slowdown >= 1.0):
+        if self.slowdown is not None and not (math.isfinite(self.slowdown) and self.slowdown >= 1.0):
             problems.append(f"--mixed-node-slowdown: must be >= 1, got {self.slowdown}")
         if problems:
             raise PlanError("; ".join(problems))
@@ -565,6 +567,7 @@ class MixedNodePlan:
     decode_need: InstancesNeeded
     nodes: int
     prefill_busy: float  # fraction of time a node's prefill instance works at the planned load
+    busy_slowdown: float  # decode step stretch while the prefill works: the partition's, or derived
 
     @property
     def prefill(self) -> int:
@@ -576,7 +579,7 @@ class MixedNodePlan:
 
     @property
     def effective_slowdown(self) -> float:
-        return 1.0 + (self.partition.slowdown - 1.0) * self.prefill_busy
+        return 1.0 + (self.busy_slowdown - 1.0) * self.prefill_busy
 
     @property
     def gpus(self) -> int:
@@ -599,7 +602,8 @@ class MixedNodePlan:
                 "decode_needed": self.decode,
                 "prefill_mem_frac": self.partition.prefill_mem_frac,
                 "decode_mem_frac": self.partition.decode_mem_frac,
-                "mixed_node_slowdown": self.partition.slowdown,
+                "mixed_node_slowdown": self.busy_slowdown,
+                "mixed_node_slowdown_derived": self.partition.slowdown is None,
                 "prefill_busy": self.prefill_busy,
                 "effective_slowdown": self.effective_slowdown,
                 "prefill_kv_tokens": kv_pre,
@@ -640,10 +644,22 @@ def plan_mixed_node(
     busy_total = (
         pre.prefill_load_tps / cap.tokens_per_s * cap.utilisation if pre.prefill_load_tps > 0 else 0.0
     )
+    slowdown = part.slowdown
+    # derived at the operating point: a full decode batch beside a packed prefill iteration
+    if slowdown is None:
+        dl = sizing.decode_load
+        mean_ctx = max(dl.mean_prompt_tokens + dl.mean_output_tokens / 2.0, 1.0)
+        try:
+            batch = max(decode_capacity(dec_profile, model, slo_itl_ms, mean_ctx).max_batch, 1)
+        except CapacityError:
+            batch = 1
+        ctx = round(batch * mean_ctx)
+        it_tokens = max(cap.prompts_per_iteration, 1) * max(round(sizing.prefill_load.mean_prompt_tokens), 1)
+        slowdown = busy_slowdown(model, batch, ctx, it_tokens)
     last: PlanError | None = None
     for nodes in range(max(pre.prefill, 1), MAX_MIXED_NODES + 1):
         busy = min(busy_total / nodes, 1.0)
-        eff = 1.0 + (part.slowdown - 1.0) * busy
+        eff = 1.0 + (slowdown - 1.0) * busy
         try:
             dec = _need(
                 dec_profile, model, sizing.decode_load, sizing.name, slo_ttft_ms, slo_itl_ms / eff, headroom
@@ -652,11 +668,11 @@ def plan_mixed_node(
             last = exc
             continue
         if dec.decode <= nodes:
-            return MixedNodePlan(base, part, pre, dec, nodes, busy)
+            return MixedNodePlan(base, part, pre, dec, nodes, busy, slowdown)
     reason = f": {last}" if last is not None else ""
     raise PlanError(
         f"mixed-node: no node count up to {MAX_MIXED_NODES} meets the ITL SLO with decode steps slowed "
-        f"x{part.slowdown:g} while the node's prefill works{reason}"
+        f"x{slowdown:.3g} while the node's prefill works{reason}"
     )
 
 

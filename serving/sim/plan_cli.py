@@ -96,8 +96,11 @@ def plan_cmd(
         typer.Option(help="mixed-node: the decode instance's share (default 0.9 - --prefill-mem-frac)."),
     ] = None,
     mixed_node_slowdown: Annotated[
-        float,
-        typer.Option(help="mixed-node: decode steps are this many times slower while the prefill works."),
+        float | None,
+        typer.Option(
+            help="mixed-node: decode steps are this many times slower while the prefill works "
+            "(default: derived from the operator timings, serving/sim/interference.py)."
+        ),
     ] = DEFAULT_MIXED_NODE_SLOWDOWN,
     min_attainment: Annotated[
         float, typer.Option(min=0, max=1, help="compare/verify: SLO attainment a placement must reach.")
@@ -118,8 +121,9 @@ def plan_cmd(
 
     --placement mixed-node sizes PD-mixed nodes instead: each node runs a prefill and a decode vLLM with
     --gpu-memory-utilization --prefill-mem-frac (0.4) and --decode-mem-frac (0.5), so each has its own,
-    smaller KV cache, and its steps run --mixed-node-slowdown (1.3; the simulator's assumed interference,
-    not a measurement) times slower while the node's prefill works, so decode is sized for the ITL SLO
+    smaller KV cache, and its steps run slower while the node's prefill works (by default derived from the
+    operator timings: a hybrid iteration of the decode batch and an equal time slice of prefill, over the
+    step alone — a model, not a measurement; --mixed-node-slowdown S fixes it), so decode is sized for the ITL SLO
     divided by the mean slowdown at the planned prefill load. --placement compare replays both plans through
     the simulator (fixed policy, the trace or a 120-s Poisson trace of --rate-rps), adds mixed nodes one at a
     time while the replay misses --min-attainment and mixed-node uses no more GPUs than dedicated, and picks
@@ -240,7 +244,8 @@ def _print_mixed(m: MixedNodePlan) -> None:
         f"[bold]mixed-node: {m.nodes} nodes = {m.gpus} GPUs[/bold] (prefill needs {m.prefill}, decode {m.decode}; "
         f"--gpu-memory-utilization {p.prefill_mem_frac:g} / {p.decode_mem_frac:g}: KV {kv_pre:,} / {kv_dec:,} "
         f"tokens against {m.profile.kv_capacity_tokens:,} dedicated; decode sized for the ITL SLO / "
-        f"{m.effective_slowdown:.2f}: steps x{p.slowdown:g} while the node's prefill works, "
+        f"{m.effective_slowdown:.2f}: steps x{m.busy_slowdown:.3g} "
+        f"({'derived from the operator timings' if p.slowdown is None else 'given'}) while the node's prefill works, "
         f"{m.prefill_busy:.0%} of the time)",
         highlight=False,
     )
@@ -263,8 +268,9 @@ def _print_comparison(c: PlacementComparison) -> None:
         _console.print(f"mixed-node replays (attainment): {steps}", highlight=False)
     _console.print(f"[bold]placement: {c.winner}[/bold] — {c.reason}", highlight=False)
     _console.print(
-        "mixed-node figures rest on the simulator's interference model (decode steps x slowdown while the "
-        "node's prefill works; prefill not slowed): an assumption, not a measurement",
+        "mixed-node figures rest on the simulator's interference model (decode steps slowed while the node's "
+        "prefill works, derived from kernel timings unless --mixed-node-slowdown; prefill not slowed): a "
+        "model, not a measurement on a real mixed node",
         highlight=False,
     )
 

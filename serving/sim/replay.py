@@ -15,6 +15,7 @@ measures scaling during the trace, not the first cold start.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -190,9 +191,11 @@ def static_peak_counts(
 
     Prefill is sized for the window with the most prompt tokens, decode for the window with the most
     generated tokens (each with that window's rate and mean lengths), both with ``headroom``. A colocated
-    pool gets prefill + decode mixed instances (each does both jobs). Clamped to the role's [min, max].
+    pool gets prefill + decode mixed instances (each does both jobs). A mixed-node pool gets
+    ``max(prefill, decode)`` nodes sized on the node's partitioned capacities
+    (``serving.sim.capacity.mixed_node_capacity``), both roles at that count. Clamped to the role's [min, max].
     """
-    from serving.sim.capacity import instances_needed
+    from serving.sim.capacity import instances_needed, mixed_node_capacity
     from serving.sim.hardware import get_profile
     from serving.sim.latency import get_latency_model
 
@@ -200,6 +203,17 @@ def static_peak_counts(
     by_prompt, by_output = peak_windows(trace, window_s)
 
     def need(w: PeakWindow) -> tuple[int, int]:
+        if pool.placement == "mixed-node":
+            node = mixed_node_capacity(
+                profile, model, pool.slo_ttft_ms, pool.slo_itl_ms, max(w.mean_prompt_tokens, 1.0),
+                max(w.mean_output_tokens, 1.0), prefill_mem_frac=pool.prefill_mem_frac,
+                slowdown=pool.mixed_node_slowdown,
+            )  # fmt: skip
+            load = w.rate_rps * (1.0 + headroom)
+            pre_tps, dec_tps = node.prefill.tokens_per_s, node.decode.tokens_per_s
+            pre_n = math.ceil(load * w.mean_prompt_tokens / pre_tps - 1e-9) if pre_tps > 0 else 10**6
+            dec_n = math.ceil(load * w.mean_output_tokens / dec_tps - 1e-9) if dec_tps > 0 else 10**6
+            return pre_n, dec_n
         n = instances_needed(
             profile, model, w.rate_rps, w.mean_prompt_tokens, w.mean_output_tokens,
             pool.slo_ttft_ms, pool.slo_itl_ms, headroom=headroom,
@@ -207,6 +221,8 @@ def static_peak_counts(
         return n.prefill, n.decode
 
     n_prefill, n_decode = need(by_prompt)[0], need(by_output)[1]
+    if pool.placement == "mixed-node":
+        n_prefill = n_decode = max(n_prefill, n_decode)
     wanted = {"prefill": n_prefill, "decode": n_decode, "mixed": n_prefill + n_decode}
     out = {}
     for role in pool.roles:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -35,6 +36,20 @@ def _fail(message: str) -> typer.Exit:
 
 def _ms(d: dict[str, float]) -> str:
     return " / ".join("unknown" if math.isnan(d[k]) else f"{d[k]:,.1f}" for k in ("p50", "p90", "p99"))
+
+
+def _with_placement(fleet: FleetSpec, placement: str | None, slowdown: float | None) -> FleetSpec:
+    """The one-pool fleet with ``--placement`` / ``--mixed-node-slowdown`` applied (validated by FleetSpec)."""
+    pool = fleet.pools[0]
+    changes: dict[str, object] = {}
+    if placement is not None:
+        changes["placement"] = placement
+    if slowdown is not None:
+        changes["mixed_node_slowdown"] = slowdown
+    pool = dataclasses.replace(pool, **changes)  # type: ignore[arg-type]
+    if pool.placement != "mixed-node" and slowdown is not None:
+        raise ValueError("--mixed-node-slowdown applies to --placement mixed-node only")
+    return dataclasses.replace(fleet, pools=(pool,))
 
 
 def replay_cmd(
@@ -89,6 +104,21 @@ def replay_cmd(
     standby: Annotated[
         int, typer.Option("--standby", min=0, help="Warm-standby instances per role (fixed policy).")
     ] = 0,
+    placement: Annotated[
+        str | None,
+        typer.Option(
+            "--placement",
+            help="dedicated, or mixed-node: each node hosts a prefill and a decode instance (KV split 40/60);"
+            " the controller's policies then scale whole nodes.",
+        ),
+    ] = None,
+    mixed_node_slowdown: Annotated[
+        float | None,
+        typer.Option(
+            help="mixed-node: decode steps this many times slower while the node's prefill works (default:"
+            " derived from the operator timings, serving/sim/interference.py).",
+        ),
+    ] = None,
     tail_fraction: Annotated[
         float | None,
         typer.Option(
@@ -150,6 +180,7 @@ def replay_cmd(
             "--slo-itl-ms": slo_itl_ms, "--prefill": prefill, "--decode": decode, "--mixed": mixed,
             "--router": router, "--format": fmt, "--plot": plot, "--tail-fraction": tail_fraction,
             "--standby": standby or None, "--predict-output": predict_output or None,
+            "--placement": placement, "--mixed-node-slowdown": mixed_node_slowdown,
         }  # fmt: skip
         clash = [k for k, v in given.items() if v is not None]
         if clash:
@@ -177,6 +208,8 @@ def replay_cmd(
         fleet = _override(fleet, profile, slo_ttft_ms, slo_itl_ms, router)
         if len(fleet.pools) != 1:
             raise ValueError(f"{config}: the CLI replays one trace, so the fleet needs exactly one pool")
+        if placement is not None or mixed_node_slowdown is not None:
+            fleet = _with_placement(fleet, placement, mixed_node_slowdown)
         chosen = make_policy(
             policy, PolicyOptions(prefill=prefill, decode=decode, mixed=mixed, standby=standby)
         )

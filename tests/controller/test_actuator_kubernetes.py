@@ -10,6 +10,7 @@ import pytest
 
 from controller.actuators.base import ActuatorError, ActuatorUnavailable, ReplicaBounds
 from controller.actuators.kubernetes import (
+    LABEL_PLACEMENT,
     LABEL_POOL,
     LABEL_ROLE,
     LABEL_TIER,
@@ -197,3 +198,37 @@ def test_forbidden_is_permanent(server: FakeKubeApiServer, kubeconfig: Path) -> 
 def test_api_client_without_kubeconfig_fails_clearly(tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"kubeconfig|config"):
         api_client(kubeconfig=tmp_path / "absent")
+
+
+def test_a_mixed_node_deployment_stands_for_both_roles_and_is_written_once(
+    server: FakeKubeApiServer, kubeconfig: Path
+) -> None:
+    mixed = {LABEL_POOL: "m", LABEL_PLACEMENT: "mixed-node"}
+    server.add_deployment(NS, "m-pd-mixed", replicas=2, labels={**mixed, LABEL_TIER: "active"})
+    server.add_deployment(NS, "m-pd-mixed-standby", replicas=1, labels={**mixed, LABEL_TIER: "standby"})
+    act = make(kubeconfig)
+    now = act.current("m")
+    assert now.role("prefill").replicas == now.role("decode").replicas == 2
+    assert now.role("decode").standby == 1
+    result = act.apply(ScalingPlan("m", 4, 4, 0, 0), BOUNDS)
+    assert patches(server) == [
+        (SCALE.format("m-pd-mixed"), MERGE_PATCH, {"spec": {"replicas": 4}}),
+        (SCALE.format("m-pd-mixed-standby"), MERGE_PATCH, {"spec": {"replicas": 0}}),
+    ]
+    assert [(c.target, c.before, c.after) for c in result.changes] == [
+        ("m-pd-mixed", 2, 4),
+        ("m-pd-mixed-standby", 1, 0),
+    ]
+    server.clear_requests()
+    act.apply(ScalingPlan("m", 3, 5, 0, 0), BOUNDS)  # not in whole nodes: the larger target wins
+    assert patches(server) == [(SCALE.format("m-pd-mixed"), MERGE_PATCH, {"spec": {"replicas": 5}})]
+
+
+def test_a_mixed_node_deployment_beside_a_role_deployment_is_an_error(
+    server: FakeKubeApiServer, kubeconfig: Path
+) -> None:
+    server.add_deployment(
+        NS, "a-pd-mixed", replicas=1, labels={LABEL_POOL: "a", LABEL_PLACEMENT: "mixed-node"}
+    )
+    with pytest.raises(ActuatorError, match=r"exactly one may"):
+        make(kubeconfig).current("a")

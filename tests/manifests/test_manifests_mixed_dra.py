@@ -23,6 +23,9 @@ MODELS = {
     "Service": "V1Service",
     "ConfigMap": "V1ConfigMap",
     "ResourceClaimTemplate": "V1ResourceClaimTemplate",
+    "ServiceAccount": "V1ServiceAccount",  # the controller's (rendered for mixed-node pools since W6)
+    "Role": "V1Role",
+    "RoleBinding": "V1RoleBinding",
 }
 # resource.k8s.io/v1 (DRA GA) exists from Kubernetes 1.34 on: older schemas do not know it
 DRA_VERSIONS = ("1.34", kubernetes_validate.latest_version())

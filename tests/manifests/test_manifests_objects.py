@@ -204,9 +204,21 @@ def test_mixed_node_puts_both_roles_in_one_pod_sharing_the_gpus() -> None:
     ]
 
 
-def test_mixed_node_renders_no_controller_and_says_why() -> None:
-    assert "20-controller.yaml" not in MIXED.manifests
-    assert any("controller is not rendered" in note for note in MIXED.notes)
+def test_mixed_node_renders_a_controller_that_scales_whole_nodes() -> None:
+    from controller.config import ControllerConfig
+    from serving.manifests.control import controller_config
+
+    assert "20-controller.yaml" in MIXED.manifests
+    assert any("the controller sizes mixed nodes" in note for note in MIXED.notes)
+    cfg = ControllerConfig.model_validate(
+        controller_config(ManifestSpec(pool="chat", prefill=2, decode=2, placement="mixed-node"))
+    )
+    pool = cfg.pools[0]
+    assert pool.placement == "mixed-node" and pool.prefill_mem_frac == pytest.approx(0.4 / 0.9, abs=1e-4)
+    assert pool.policy.standby_decode == 0
+    assert (
+        ControllerConfig.model_validate(controller_config(ManifestSpec())).pools[0].placement == "dedicated"
+    )
 
 
 @pytest.mark.parametrize(

@@ -391,9 +391,12 @@ def test_request_larger_than_kv_is_rejected_with_its_index() -> None:
         sim_of(single_pool(mixed=1), trace([0.0, 1.0], [10, 20000], [1, 1]))
 
 
-def mixed_node_pool(prefill: int = 1, decode: int = 1) -> FleetSpec:
+def mixed_node_pool(prefill: int = 1, decode: int = 1, slowdown: float | None = 1.3) -> FleetSpec:
     pool = PoolSpec(
-        placement="mixed-node", prefill=RoleCounts(initial=prefill), decode=RoleCounts(initial=decode)
+        placement="mixed-node",
+        prefill=RoleCounts(initial=prefill),
+        decode=RoleCounts(initial=decode),
+        mixed_node_slowdown=slowdown,
     )
     return FleetSpec(pools=(pool,))
 
