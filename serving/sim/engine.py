@@ -30,6 +30,15 @@ role they need wait in the pool's router queue. A request reaches its pool's rou
 ``request_overhead_ms`` after it arrives (the per-request HTTP and API-server cost; 0 for the GPU profiles,
 fitted for ``cpu-tiny``); TTFT and e2e count from the arrival.
 
+Gateway queue (``GatewayPolicy``, see :mod:`serving.sim.router`; off by default): a request goes to an
+active instance of its role only while that instance's waiting queue is shorter than ``max_waiting``;
+otherwise it waits at the pool's gateway, FCFS within its QoS class, and the first instance to have room
+takes it: when its scheduler admits from its waiting queue (each step's end), when it becomes active (a cold
+start ending, a standby promoted, a drain cancelled), when a waiting request leaves it. So a burst that
+finds the fleet small no longer stays queued on the instances it was routed to: the instances that come up
+later serve it. Requests are never dropped. The gateway's entry-role queue counts in :meth:`Simulator.pending`
+(the controller adds it to the pool's waiting requests, as the router queue before it).
+
 Tail requests (``TailPolicy``, off by default): a request still waiting in the queue of its entry role
 (prefill, or mixed when colocated; an instance's queue or the pool's router queue) ``fraction`` of its pool's
 TTFT SLO after arrival is moved to the front of that queue (priority ``PRIORITY_PROMOTED``, ahead of VIP;
@@ -64,7 +73,7 @@ import numpy as np
 from serving.sim.fleet import ROLES, FleetSpec, PoolSpec
 from serving.sim.instance import Instance, LatencyLike, ProfileLike, RequestTable
 from serving.sim.report import ReplayReport, Timeline, percentiles, request_latencies_ms, slo_met
-from serving.sim.router import Router, RouteRequest, make_router
+from serving.sim.router import GatewayPolicy, GatewayQueue, Router, RouteRequest, make_router
 from serving.sim.samples import (
     E2E_REQUEST_LATENCY_SECONDS,
     GENERATION_TOKENS_TOTAL,
@@ -153,6 +162,8 @@ class _Pool:
         self.entry_role = "prefill" if spec.disaggregated else "mixed"
         self.ready: dict[str, list[Instance]] = {r: [] for r in ROLES}
         self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
+        self.gateway: dict[str, GatewayQueue] = {r: GatewayQueue() for r in ROLES}  # GatewayPolicy on only
+        self.gateway_peak: dict[str, int] = {r: 0 for r in ROLES}
         self.serial: dict[str, int] = {r: 0 for r in ROLES}
         self.target: dict[str, tuple[int, int]] = {}
         # tail promotion: standby instances activated on top of the target, per role, and a generation that
@@ -183,7 +194,8 @@ class Simulator:
     taught every completion) instead of the trace's own lengths (the default, an oracle), and their sum is
     exported per entry instance as ``pdscale:predicted_output_tokens_total`` (decode demand known at
     arrival, seconds before the decode instances generate it). ``tail``:
-    promotion of requests left waiting (see the module doc); None = off.
+    promotion of requests left waiting (see the module doc); None = off. ``gateway``: the pools' gateway
+    queues (:class:`serving.sim.router.GatewayPolicy`; see the module doc); None = off.
     """
 
     def __init__(
@@ -195,6 +207,7 @@ class Simulator:
         models: ModelResolver | None = None,
         output_predictor: OutputLengthPredictor | None = None,
         tail: TailPolicy | None = None,
+        gateway: GatewayPolicy | None = None,
     ) -> None:
         unknown = set(traces) - {p.name for p in fleet.pools}
         if unknown:
@@ -204,6 +217,8 @@ class Simulator:
         self.seed = seed
         self.output_predictor = output_predictor
         self.tail = tail
+        self.gateway = gateway
+        self._gw_max = gateway.max_waiting if gateway is not None else 0
         self.rng = np.random.default_rng(seed)
         self.now_s = 0.0
         self.pools: list[_Pool] = []
@@ -336,7 +351,19 @@ class Simulator:
     # -- routing and batching ----------------------------------------------------------------------------
     def _route(self, pool: _Pool, role: str, rid: int) -> None:
         ready = pool.ready[role]
-        if not ready:
+        if self.gateway is not None:
+            gq = pool.gateway[role]
+            if gq:  # requests are held: none of the ready instances has room (see _pull); FCFS behind them
+                self._hold(pool, role, gq, rid)
+                return
+            w = self._gw_max
+            room = [i for i in ready if len(i.waiting) < w]
+            if not room:
+                self._hold(pool, role, gq, rid)
+                return
+            if len(room) < len(ready):
+                ready = room
+        elif not ready:
             pool.pending[role].append(rid)
             return
         request = RouteRequest(
@@ -346,13 +373,90 @@ class Simulator:
             stage=role,
         )
         inst = ready[pool.router.choose(request, ready)] if len(ready) > 1 else ready[0]
+        self._count_routed(pool, inst, role, rid)
+        self._enqueue(inst, rid)
+
+    def _count_routed(self, pool: _Pool, inst: Instance, role: str, rid: int) -> None:
         if role == pool.entry_role:
             inst.router_prompt_tokens_total += int(self.req.prompt[rid])
         if role == pool.entry_role and self.output_predictor is not None:
             predicted = self.req.predicted[rid]
             if not math.isnan(predicted):
                 inst.predicted_output_tokens_total += predicted
-        self._enqueue(inst, rid)
+
+    # -- the gateway queue (GatewayPolicy) -----------------------------------------------------------------
+    # Invariant: a role's gateway queue holds requests only while no active instance of the role has room
+    # (fewer than max_waiting waiting). Room appears only where an instance's waiting queue shrinks (its
+    # scheduler admitting, a tail request moved away) or an instance becomes active; each of those places
+    # pulls from the gateway (_pull), so per event the work is what moved, never a scan of the queue.
+    def _hold(self, pool: _Pool, role: str, gq: GatewayQueue, rid: int) -> None:
+        gq.push(rid, self.req.priority[rid])
+        self.req.where[rid] = -1
+        if len(gq) > pool.gateway_peak[role]:
+            pool.gateway_peak[role] = len(gq)
+
+    def _pull(self, inst: Instance, *, replan: bool = False, step: bool = False) -> int:
+        """Move requests from the gateway into ``inst``'s waiting queue while it has room (``inst`` active);
+        returns how many. A decode run in progress is cut at its current step (as an arrival would);
+        ``replan``: push its new end event here (else the caller plans the segment).
+
+        ``step``: the instance is about to plan a step, so it also takes what its scheduler could start in
+        that step beyond the lookahead: while a sequence slot is free and, for a prefill (or mixed) instance,
+        the queued prompt tokens are short of ``max_num_batched_tokens``, for a decode instance the head's KV
+        blocks fit in the free ones. (Without this the lookahead would cap admissions at ``max_waiting`` per
+        step under a backlog.)"""
+        pool = self.pools[inst.pool_index]
+        gq = pool.gateway[inst.role]
+        req = self.req
+        n = 0
+        moved = False
+        w = self._gw_max
+        seats = tokens = blocks = 0
+        if step and gq:
+            seats = inst.max_seqs - inst.running - len(inst.waiting)
+            if inst.role == "decode":
+                bs = inst.block_size
+                blocks = inst.total_blocks - inst.used_blocks
+                blocks -= sum(-(-req.ctx[r] // bs) + 1 for _, r in inst.waiting)
+            else:
+                tokens = inst.max_batched - sum(req.prefill_left[r] for _, r in inst.waiting)
+        decode = inst.role == "decode"
+        while gq:
+            if step:  # what the head takes of the step's room
+                head = gq.peek()
+                need = -(-req.ctx[head] // inst.block_size) + 1 if decode else req.prefill_left[head]
+                fits = seats > 0 and (need <= blocks if decode else tokens > 0)
+                if len(inst.waiting) >= w and not fits:
+                    break
+                seats -= 1
+                if decode:
+                    blocks -= need
+                else:
+                    tokens -= need
+            elif len(inst.waiting) >= w:
+                break
+            rid = gq.pop()
+            self._count_routed(pool, inst, inst.role, rid)
+            self.req.where[rid] = inst.index
+            moved = inst.enqueue(rid, self.req.priority[rid], self.now_s) or moved
+            n += 1
+        if moved and replan:
+            inst.version += 1
+            self._push(inst.seg_end_s, _EV_SEGMENT, inst.index, inst.version)
+        return n
+
+    def _refill(self, inst: Instance) -> None:
+        """``inst`` may have room now (it became active, or a waiting request left it): take from the gateway."""
+        if (
+            self.gateway is None
+            or inst.state != "active"
+            or not self.pools[inst.pool_index].gateway[inst.role]
+        ):
+            return
+        if inst.busy:
+            self._pull(inst, replan=True)
+        else:
+            self._schedule(inst)
 
     def _enqueue(self, inst: Instance, rid: int, *, routed: bool = True) -> None:
         self.req.where[rid] = inst.index
@@ -363,7 +467,20 @@ class Simulator:
             self._schedule(inst)
 
     def _schedule(self, inst: Instance, was_busy: bool = False) -> None:
+        gateway = (
+            self.gateway is not None
+            and inst.state == "active"
+            and bool(self.pools[inst.pool_index].gateway[inst.role])
+        )
+        if gateway:
+            self._pull(inst, step=True)  # before planning: what the step can take joins it
         end = inst.schedule(self.now_s, self.req)
+        while gateway and self._pull(inst):  # the scheduler made room: refill the lookahead
+            if inst.busy:  # they join at the next step; a decode run may have been cut short
+                inst.version += 1
+                end = inst.seg_end_s
+                break
+            end = inst.schedule(self.now_s, self.req)  # idle (its queue's head blocked): plan again
         if end is not None:
             self._push(end, _EV_SEGMENT, inst.index, inst.version)
         elif inst.state == "draining" and inst.empty:
@@ -422,6 +539,8 @@ class Simulator:
         elif rid in pool.pending[role]:  # parked at the router: no instance of the role is active
             pool.pending[role].remove(rid)
             pool.pending[role].appendleft(rid)
+        elif self.gateway is not None and pool.gateway[role].remove(rid, req.priority[rid]):
+            pool.gateway[role].push(rid, PRIORITY_PROMOTED)  # held at the gateway: ahead of every class
         else:
             return  # its prefill has started
         req.priority[rid] = PRIORITY_PROMOTED
@@ -478,6 +597,7 @@ class Simulator:
                 self._enqueue(inst, rid, routed=False)
                 if old.state == "draining" and old.empty and not old.busy:
                     self._finish_drain(old)
+                self._refill(old)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def _node_holds_gpu(self, node: str) -> bool:
@@ -560,6 +680,7 @@ class Simulator:
         pending = pool.pending[inst.role]
         while pending:
             self._route(pool, inst.role, pending.popleft())
+        self._refill(inst)
 
     def _deactivate(self, inst: Instance) -> None:
         ready = self.pools[inst.pool_index].ready[inst.role]
@@ -762,9 +883,23 @@ class Simulator:
         return out
 
     def pending(self, pool: str) -> dict[str, int]:
-        """Requests parked at the pool's router because no instance of their role is active."""
+        """Requests parked at the pool's router because no instance of their role is active, and, with a
+        gateway queue, those it holds for the entry role (prefill or mixed: they wait to be prefilled, as a
+        server's ``vllm:num_requests_waiting`` counts them) and for decode while no decode instance is
+        active. Decode requests held behind busy decode instances are left out, as the controller leaves out
+        a decode server's own waiting requests (prefilled, waiting for a slot): see :meth:`gateway_queued`."""
         p = self._pool_by_name[pool]
-        return {role: len(p.pending[role]) for role in p.spec.roles}
+        out = {role: len(p.pending[role]) for role in p.spec.roles}
+        if self.gateway is not None:
+            for role in p.spec.roles:
+                if role == p.entry_role or not p.ready[role]:
+                    out[role] += len(p.gateway[role])
+        return out
+
+    def gateway_queued(self, pool: str) -> dict[str, int]:
+        """Requests held at the pool's gateway queue now, per role (all 0 without a gateway queue)."""
+        p = self._pool_by_name[pool]
+        return {role: len(p.gateway[role]) for role in p.spec.roles}
 
     def gpu_seconds(self) -> float:
         """GPUs x seconds held so far by every instance (provisioning through draining)."""
@@ -872,6 +1007,8 @@ class Simulator:
                 "tail_promotions": p.tail_promotions,
                 "standby_promotions": p.standby_promotions,
             }
+            if self.gateway is not None:  # absent when off: today's reports unchanged
+                pools[p.spec.name]["gateway_peak"] = {r: p.gateway_peak[r] for r in p.spec.roles}
         profiles = sorted({p.spec.profile for p in self.pools})
         return ReplayReport(
             policy=policy,
