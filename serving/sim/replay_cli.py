@@ -153,6 +153,11 @@ def replay_cmd(
     for it (counted as tail_promotions / standby_promotions per pool in the JSON).
     Example: pdscale replay --policy fixed --prefill 2 --decode 2 --standby 1 --tail-fraction 0.5
 
+    Gateway queue: --gateway-queue on holds requests at the pool's gateway (FCFS by class) while every instance
+    of their role has --gateway-max-waiting requests waiting, so that instances which come up later serve them
+    (the JSON gains gateway_peak per pool and role). Off by default.
+    Example: pdscale replay --policy reactive --gateway-queue on
+
     [bold]Fleets[/] (several models under one GPU budget): --fleet FLEET.yaml names gpu_budget and pools, each
     with name, profile, trace (relative to the file; `model:` selects rows of a multi-model trace such as
     BurstGPT's), slo_ttft_ms, slo_itl_ms, optional prefill/decode bounds and policy overrides.
