@@ -219,6 +219,7 @@ class Simulator:
         self.tail = tail
         self.gateway = gateway
         self._gw_max = gateway.max_waiting if gateway is not None else 0
+        self._gw_counted: set[int] = set()  # held at a gateway, already counted by the router counters
         self.rng = np.random.default_rng(seed)
         self.now_s = 0.0
         self.pools: list[_Pool] = []
@@ -392,6 +393,15 @@ class Simulator:
     def _hold(self, pool: _Pool, role: str, gq: GatewayQueue, rid: int) -> None:
         gq.push(rid, self.req.priority[rid])
         self.req.where[rid] = -1
+        ready = pool.ready[role]
+        if ready:
+            # The gateway counts the request now, as it arrives (the pool's sum of the router counters is the
+            # arrival count the controller reads: counted at dispatch it would be capped by the fleet's
+            # capacity exactly when the fleet is short); kept on an active instance of the role.
+            first = ready[0]
+            first.router_requests_total += 1
+            self._count_routed(pool, first, role, rid)
+            self._gw_counted.add(rid)
         if len(gq) > pool.gateway_peak[role]:
             pool.gateway_peak[role] = len(gq)
 
@@ -436,9 +446,13 @@ class Simulator:
             elif len(inst.waiting) >= w:
                 break
             rid = gq.pop()
-            self._count_routed(pool, inst, inst.role, rid)
+            counted = rid in self._gw_counted
+            if counted:
+                self._gw_counted.discard(rid)
+            else:  # held while no instance of its role was active: counted where it goes, as the router queue
+                self._count_routed(pool, inst, inst.role, rid)
             self.req.where[rid] = inst.index
-            moved = inst.enqueue(rid, self.req.priority[rid], self.now_s) or moved
+            moved = inst.enqueue(rid, self.req.priority[rid], self.now_s, routed=not counted) or moved
             n += 1
         if moved and replan:
             inst.version += 1
