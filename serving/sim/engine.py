@@ -37,7 +37,10 @@ takes it: when its scheduler admits from its waiting queue (each step's end), wh
 start ending, a standby promoted, a drain cancelled), when a waiting request leaves it. So a burst that
 finds the fleet small no longer stays queued on the instances it was routed to: the instances that come up
 later serve it. Requests are never dropped. The gateway's entry-role queue counts in :meth:`Simulator.pending`
-(the controller adds it to the pool's waiting requests, as the router queue before it).
+(the controller adds it to the pool's waiting requests, as the router queue before it), and a request held
+there is counted by ``pdscale:router_requests_total`` (and the prompt and predicted-output counters) as it
+arrives, on an active instance of its role, so the arrival rate the controller reads is not capped at what
+the fleet can take.
 
 Tail requests (``TailPolicy``, off by default): a request still waiting in the queue of its entry role
 (prefill, or mixed when colocated; an instance's queue or the pool's router queue) ``fraction`` of its pool's

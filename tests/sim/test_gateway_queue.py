@@ -7,16 +7,20 @@ one output token, so a colocated request completes (and gets its first token) wh
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 from serving.sim.analytic import AnalyticLatency, AnalyticProfile, analytic_models
 from serving.sim.engine import Simulator, TailPolicy
 from serving.sim.fleet import FleetSpec, PoolSpec, RoleCounts
 from serving.sim.replay import make_policy, replay
+from serving.sim.replay_cli import replay_cmd
 from serving.sim.router import GatewayPolicy, GatewayQueue
 from serving.sim.samples import REQUEST_SUCCESS_TOTAL, ROUTER_REQUESTS_TOTAL
 from serving.workload.trace import Trace
@@ -239,3 +243,33 @@ def test_a_step_takes_what_its_budget_allows_beyond_the_lookahead() -> None:
         ttfts.append(sim.report().request_ttft_ms)
     np.testing.assert_allclose(ttfts[1], ttfts[0], atol=1e-9)
     assert len(np.unique(ttfts[0])) == 3  # one alone, then ten, then nine per step
+
+
+def test_cli_gateway_queue_reaches_the_simulator(tmp_path: Path) -> None:
+    """`pdscale replay --gateway-queue on` holds the burst at the gateway (gateway_peak in the JSON); off is
+    the default and leaves the JSON as it was; a bad value and --fleet are refused with exit code 2."""
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:15:{s // 30:02d}.{(s % 30) * 33000:06d},8000,20" for s in range(60)]
+    path = tmp_path / "burst.csv"
+    path.write_text("\n".join(rows) + "\n")
+    app = typer.Typer()
+    app.command()(replay_cmd)
+    base = ["--trace", str(path), "--policy", "fixed", "--prefill", "1", "--decode", "1"]
+    docs = {}
+    for name, extra in {
+        "default": [],
+        "off": ["--gateway-queue", "off"],
+        "on": ["--gateway-queue", "on"],
+    }.items():
+        out = tmp_path / f"{name}.json"
+        result = CliRunner().invoke(app, [*base, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        docs[name] = json.loads(out.read_text())
+        docs[name].pop("wall_s")
+    assert docs["default"] == docs["off"] and "gateway_peak" not in docs["off"]["pools"]["default"]
+    on = docs["on"]
+    assert on["completed"] == 60 and on["pools"]["default"]["gateway_peak"]["prefill"] > 0
+    bad = CliRunner().invoke(app, [*base, "--gateway-queue", "maybe"])
+    assert bad.exit_code == 2 and "--gateway-queue must be on or off" in bad.output
+    clash = CliRunner().invoke(app, ["--fleet", str(path), "--gateway-queue", "on"])
+    assert clash.exit_code == 2 and "--gateway-queue on" in clash.output
