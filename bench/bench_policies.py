@@ -62,6 +62,7 @@ from serving.sim.fleet import FleetSpec, single_pool
 from serving.sim.hardware import get_profile
 from serving.sim.replay import PolicyOptions, ReplayPolicy, make_policy, replay
 from serving.sim.report import ReplayReport
+from serving.sim.router import GatewayPolicy
 from serving.workload.readers import read_trace
 from serving.workload.synthetic import LengthDist, SyntheticParams, generate
 from serving.workload.trace import Trace
@@ -178,7 +179,7 @@ def gpu_seconds_after(rep: ReplayReport, fleet: FleetSpec, after_s: float) -> fl
 
 
 def oracle_at_slo(
-    trace: Trace, fleet: FleetSpec, target: float, after_s: float = 0.0
+    trace: Trace, fleet: FleetSpec, target: float, after_s: float = 0.0, gateway: GatewayPolicy | None = None
 ) -> tuple[float | None, ReplayReport]:
     """The least oracle headroom h in [0, ORACLE_SLO_MAX_H] whose replay meets ``target`` (bisection, at most
     ORACLE_SLO_REPLAYS replays, to within the last bracket) and its report; (None, the h = max report) when
@@ -186,7 +187,7 @@ def oracle_at_slo(
     from controller.replay_policies import OraclePolicy
 
     def attempt(h: float) -> ReplayReport:
-        return run("oracle@slo", trace, fleet, OraclePolicy(headroom=h))
+        return run("oracle@slo", trace, fleet, OraclePolicy(headroom=h), gateway)
 
     hi, best = ORACLE_SLO_MAX_H, attempt(ORACLE_SLO_MAX_H)
     if scored(best, fleet, after_s) < target:
@@ -205,10 +206,12 @@ def oracle_at_slo(
     return hi, best
 
 
-def run(name: str, trace: Trace, fleet: FleetSpec, policy: ReplayPolicy) -> ReplayReport:
+def run(
+    name: str, trace: Trace, fleet: FleetSpec, policy: ReplayPolicy, gateway: GatewayPolicy | None = None
+) -> ReplayReport:
     pool = fleet.pools[0]
     fleet = replace(fleet, pools=(pool,))
-    return replay(fleet, {pool.name: trace}, policy)
+    return replay(fleet, {pool.name: trace}, policy, gateway=gateway)
 
 
 def attainment_after(rep: ReplayReport, fleet: FleetSpec, after_s: float) -> float:
@@ -417,11 +420,25 @@ def main() -> None:
     ap.add_argument(
         "--decompose", action="store_true", help="after each predictive row, its GPU-s stage by stage"
     )
+    ap.add_argument(
+        "--gateway-queue",
+        default="off",
+        help="the simulator's gateway queue: off, on, or off,on (each policy replayed both ways, side by side;"
+        " the label column says which)",
+    )
+    ap.add_argument(
+        "--gateway-max-waiting", type=int, default=5, help="with --gateway-queue on (see pdscale replay)"
+    )
     args = ap.parse_args()
     if args.decide_cost:
         decide_cost()
         return
     params = _parse_params(args.params)
+    gateways: list[tuple[str, GatewayPolicy | None]] = []
+    for g in args.gateway_queue.split(","):
+        if g not in ("on", "off"):
+            ap.error(f"--gateway-queue: expected on, off or off,on, got {args.gateway_queue!r}")
+        gateways.append((g, GatewayPolicy(max_waiting=args.gateway_max_waiting) if g == "on" else None))
     if not 0.0 < args.slo_target <= 1.0:
         ap.error(f"--slo-target must be in (0, 1], got {args.slo_target}")
     if args.time_split is not None and not 0.0 <= args.time_split < 1.0:
@@ -441,12 +458,13 @@ def main() -> None:
     for wl in args.workloads.split(","):
         trace, fleet = workload(wl, args.duration_s, args.sine_period_s)
         split_s = 0.0 if args.time_split is None else args.time_split * float(trace.arrival_s[-1])
-        results: dict[str, ReplayReport] = {}
-        for pol in args.policies.split(","):
+        results: dict[tuple[str, str], ReplayReport] = {}
+        for pol, (gw_name, gateway) in ((p, g) for p in args.policies.split(",") for g in gateways):
+            label = args.label if len(gateways) == 1 else f"{args.label} gw {gw_name}".strip()
             t0 = time.perf_counter()
             name = pol
             if pol == "oracle@slo":
-                h, rep = oracle_at_slo(trace, fleet, args.slo_target)
+                h, rep = oracle_at_slo(trace, fleet, args.slo_target, gateway=gateway)
                 name = (
                     f"oracle@slo (h={h:.3f})"
                     if h is not None
@@ -455,18 +473,18 @@ def main() -> None:
             else:
                 policy = make(pol, args.forecaster, params)
                 probe = ChurnProbe(policy)
-                rep = run(wl, trace, fleet, probe if args.decompose else policy)
-            results[pol] = rep
+                rep = run(wl, trace, fleet, probe if args.decompose else policy, gateway)
+            results[(pol, gw_name)] = rep
             wall = time.perf_counter() - t0
             ratios = []
             for ref in ("oracle", "oracle@slo", "static-peak"):
-                base = results.get(ref)
+                base = results.get((ref, gw_name))
                 ratios.append(f"{rep.gpu_seconds / base.gpu_seconds:.2f}" if base else "-")
             late = ""
             if args.time_split is not None:
                 late = f" {attainment_after(rep, fleet, split_s):.2%} | {gpu_seconds_after(rep, fleet, split_s):,.0f} |"
             print(
-                f"| {wl} | {name} | {args.label} | {rep.slo_attainment:.2%} | "
+                f"| {wl} | {name} | {label} | {rep.slo_attainment:.2%} | "
                 f"{attainment_after(rep, fleet, args.warmup_s):.2%} |{late} {rep.gpu_seconds:,.0f} | "
                 f"{' | '.join(ratios)} | {rep.ttft_ms['p99']:,.0f} | {rep.itl_ms['p99']:,.1f} | {wall:.0f} |",
                 flush=True,

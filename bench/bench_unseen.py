@@ -13,7 +13,10 @@ and, for variants that must be refused, exit code 2 with the line named and no t
 Long variants (2 h at 30 req/s, a day at 3 req/s) run replay and bench in full.
 
 Usage: OMP_NUM_THREADS=1 nice .venv/bin/python bench/bench_unseen.py [--out /tmp/unseen] [--no-long]
-       [--only NAME ...] [--json OUT]
+       [--only NAME ...] [--json OUT] [--gateway-queue off|on|off,on]
+
+``--gateway-queue off,on`` runs every replay entry (``replay:speed``, ``replay:POLICY``) both ways, side by
+side (``pdscale replay --gateway-queue``; the entry name ends in ``gw on`` / ``gw off``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from serving.workload.variants import Variant, build_variants  # noqa: E402
 
-BIN = ROOT / ".venv" / "bin"
+# the project's venv; a git worktree without one runs the interpreter's own (e.g. /work/main/.venv/bin)
+BIN = ROOT / ".venv" / "bin" if (ROOT / ".venv" / "bin").is_dir() else Path(sys.executable).parent
 MOONCAKE_SLO = ["--slo-ttft-ms", "10000"]  # 1 s TTFT is out of reach for Mooncake's 10k-token prompts
 
 
@@ -107,7 +111,7 @@ def _summary_replay(doc: dict[str, Any]) -> str:
     )
 
 
-def run_variant(v: Variant, work: Path, entries: set[str]) -> list[Run]:
+def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, ...] = ("off",)) -> list[Run]:
     runs: list[Run] = []
     slo = MOONCAKE_SLO if v.fmt == "mooncake" else []
     timeout = 1800.0 if v.long else 600.0
@@ -126,28 +130,48 @@ def run_variant(v: Variant, work: Path, entries: set[str]) -> list[Run]:
             flush=True,
         )
 
-    if "replay:speed" in entries and v.name == "burstgpt_2h_30rps":  # issue 3's goal: 1 h, 30 req/s, 16 inst.
-        out = work / f"{v.name}.replay.speed.json"
+    def gw(g: str) -> tuple[str, str, list[str]]:  # (entry suffix, file suffix, pdscale replay arguments)
+        if len(gateways) == 1:
+            return "", "", ["--gateway-queue", g]
+        return f" gw {g}", f".gw-{g}", ["--gateway-queue", g]
 
-        def check_speed() -> tuple[str, str]:
+    for g in gateways if "replay:speed" in entries and v.name == "burstgpt_2h_30rps" else ():
+        # issue 3's goal: 1 h, 30 req/s, 16 instances
+        suffix, fsuffix, gw_args = gw(g)
+        out = work / f"{v.name}.replay.speed{fsuffix}.json"
+
+        def check_speed(out: Path = out) -> tuple[str, str]:
             doc = json.loads(out.read_text())
             return (("" if doc["dropped"] == 0 and doc["unfinished"] == 0 else "dropped/unfinished"),
                     f"{doc['requests']:,} requests in 1 h, 8P+8D fixed: " + _summary_replay(doc))  # fmt: skip
 
         cmd = [str(BIN / "pdscale"), "replay", "--trace", str(v.path), "--policy", "fixed", "--prefill", "8",
-               "--decode", "8", "--duration-s", "3600", "--json", str(out)]  # fmt: skip
-        record("replay 1 h fixed 8P+8D", cmd, check_speed)
+               "--decode", "8", "--duration-s", "3600", "--json", str(out), *gw_args]  # fmt: skip
+        record(f"replay 1 h fixed 8P+8D{suffix}", cmd, check_speed)
     for policy in ("static-peak", "reactive", "predictive"):
         if f"replay:{policy}" not in entries:
             continue
-        out = work / f"{v.name}.replay.{policy}.json"
+        for g in gateways:
+            suffix, fsuffix, gw_args = gw(g)
+            out = work / f"{v.name}.replay.{policy}{fsuffix}.json"
 
-        def check_replay(out: Path = out) -> tuple[str, str]:
-            doc = json.loads(out.read_text())
-            return _check_replay(doc, v.requests), _summary_replay(doc)
+            def check_replay(out: Path = out) -> tuple[str, str]:
+                doc = json.loads(out.read_text())
+                return _check_replay(doc, v.requests), _summary_replay(doc)
 
-        cmd = [str(BIN / "pdscale"), "replay", "--trace", str(v.path), "--policy", policy, "--json", str(out)]
-        record(f"replay {policy}", cmd + slo, check_replay)
+            cmd = [
+                str(BIN / "pdscale"),
+                "replay",
+                "--trace",
+                str(v.path),
+                "--policy",
+                policy,
+                "--json",
+                str(out),
+            ]
+            record(f"replay {policy}{suffix}", cmd + slo + gw_args, check_replay)
+            if v.expect == "error":
+                break
         if v.expect == "error":
             break  # one refusal is enough: the reader is shared
     if v.expect == "error" and v.name.endswith("unsorted_far") and "replay:static-peak" in entries:
@@ -305,6 +329,11 @@ def main() -> None:
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument(
+        "--gateway-queue",
+        default="off",
+        help="replay entries with pdscale replay --gateway-queue: off, on, or off,on (both, side by side)",
+    )
+    ap.add_argument(
         "--summarize-evaluate",
         action="store_true",
         help="only re-read OUT/runs/*.evaluate.json and summarise",
@@ -324,6 +353,9 @@ def main() -> None:
             )
         return
     entries = set(args.entries.split(","))
+    gateways = tuple(args.gateway_queue.split(","))
+    if not gateways or any(g not in ("off", "on") for g in gateways):
+        ap.error(f"--gateway-queue: expected off, on or off,on, got {args.gateway_queue!r}")
     global EVALUATE_TAKES_TRACE_OPTION
     EVALUATE_TAKES_TRACE_OPTION = _evaluate_takes_trace_option()
     if not EVALUATE_TAKES_TRACE_OPTION:
@@ -338,7 +370,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs: list[Run] = []
     for v in variants:
-        runs.extend(run_variant(v, work, entries))
+        runs.extend(run_variant(v, work, entries, gateways))
     if "fit" in entries:
         small = next((v for v in variants if v.name == "azure_code_x0.25"), None)
         if small is not None:

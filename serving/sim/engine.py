@@ -34,6 +34,18 @@ streams; 0 for the GPU profiles, then the request is queued at once): meanwhile 
 ``load`` for the router, and if the instance has left service by then it is routed again (no second delay).
 The wake-up cost after an idle spell is the instance's (see :mod:`serving.sim.instance`).
 
+Gateway queue (``GatewayPolicy``, see :mod:`serving.sim.router`; off by default): a request goes to an
+active instance of its role only while that instance's waiting queue is shorter than ``max_waiting``;
+otherwise it waits at the pool's gateway, FCFS within its QoS class, and the first instance to have room
+takes it: when its scheduler admits from its waiting queue (each step's end), when it becomes active (a cold
+start ending, a standby promoted, a drain cancelled), when a waiting request leaves it. So a burst that
+finds the fleet small no longer stays queued on the instances it was routed to: the instances that come up
+later serve it. Requests are never dropped. The gateway's entry-role queue counts in :meth:`Simulator.pending`
+(the controller adds it to the pool's waiting requests, as the router queue before it), and a request held
+there is counted by ``pdscale:router_requests_total`` (and the prompt and predicted-output counters) as it
+arrives, on an active instance of its role, so the arrival rate the controller reads is not capped at what
+the fleet can take.
+
 Tail requests (``TailPolicy``, off by default): a request still waiting in the queue of its entry role
 (prefill, or mixed when colocated; an instance's queue or the pool's router queue) ``fraction`` of its pool's
 TTFT SLO after arrival is moved to the front of that queue (priority ``PRIORITY_PROMOTED``, ahead of VIP;
@@ -69,7 +81,7 @@ from serving.sim.fleet import ROLES, FleetSpec, PoolSpec
 from serving.sim.instance import Instance, LatencyLike, ProfileLike, RequestTable
 from serving.sim.interference import Interference
 from serving.sim.report import ReplayReport, Timeline, percentiles, request_latencies_ms, slo_met
-from serving.sim.router import Router, RouteRequest, make_router
+from serving.sim.router import GatewayPolicy, GatewayQueue, Router, RouteRequest, make_router
 from serving.sim.samples import (
     E2E_REQUEST_LATENCY_SECONDS,
     GENERATION_TOKENS_TOTAL,
@@ -165,6 +177,8 @@ class _Pool:
         self.admission_delay_ms: Callable[[int], float] | None = delay if late and callable(delay) else None
         self.ready: dict[str, list[Instance]] = {r: [] for r in ROLES}
         self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
+        self.gateway: dict[str, GatewayQueue] = {r: GatewayQueue() for r in ROLES}  # GatewayPolicy on only
+        self.gateway_peak: dict[str, int] = {r: 0 for r in ROLES}
         self.serial: dict[str, int] = {r: 0 for r in ROLES}
         self.target: dict[str, tuple[int, int]] = {}
         # tail promotion: standby instances activated on top of the target, per role, and a generation that
@@ -203,7 +217,8 @@ class Simulator:
     taught every completion) instead of the trace's own lengths (the default, an oracle), and their sum is
     exported per entry instance as ``pdscale:predicted_output_tokens_total`` (decode demand known at
     arrival, seconds before the decode instances generate it). ``tail``:
-    promotion of requests left waiting (see the module doc); None = off.
+    promotion of requests left waiting (see the module doc); None = off. ``gateway``: the pools' gateway
+    queues (:class:`serving.sim.router.GatewayPolicy`; see the module doc); None = off.
     """
 
     def __init__(
@@ -215,6 +230,7 @@ class Simulator:
         models: ModelResolver | None = None,
         output_predictor: OutputLengthPredictor | None = None,
         tail: TailPolicy | None = None,
+        gateway: GatewayPolicy | None = None,
     ) -> None:
         unknown = set(traces) - {p.name for p in fleet.pools}
         if unknown:
@@ -224,6 +240,9 @@ class Simulator:
         self.seed = seed
         self.output_predictor = output_predictor
         self.tail = tail
+        self.gateway = gateway
+        self._gw_max = gateway.max_waiting if gateway is not None else 0
+        self._gw_counted: set[int] = set()  # held at a gateway, already counted by the router counters
         self.rng = np.random.default_rng(seed)
         self.now_s = 0.0
         self.pools: list[_Pool] = []
@@ -360,7 +379,19 @@ class Simulator:
         """Send ``rid`` to an instance of ``role`` (or park it at the router). ``admit``: a new arrival, which
         reaches the instance's queue after the latency model's admission delay (module doc)."""
         ready = pool.ready[role]
-        if not ready:
+        if self.gateway is not None:
+            gq = pool.gateway[role]
+            if gq:  # requests are held: none of the ready instances has room (see _pull); FCFS behind them
+                self._hold(pool, role, gq, rid)
+                return
+            w = self._gw_max
+            room = [i for i in ready if len(i.waiting) < w]
+            if not room:
+                self._hold(pool, role, gq, rid)
+                return
+            if len(room) < len(ready):
+                ready = room
+        elif not ready:
             pool.pending[role].append(rid)
             return
         request = RouteRequest(
@@ -370,12 +401,7 @@ class Simulator:
             stage=role,
         )
         inst = ready[pool.router.choose(request, ready)] if len(ready) > 1 else ready[0]
-        if role == pool.entry_role:
-            inst.router_prompt_tokens_total += int(self.req.prompt[rid])
-        if role == pool.entry_role and self.output_predictor is not None:
-            predicted = self.req.predicted[rid]
-            if not math.isnan(predicted):
-                inst.predicted_output_tokens_total += predicted
+        self._count_routed(pool, inst, role, rid)
         if admit and pool.admission_delay_ms is not None:
             delay_ms = float(pool.admission_delay_ms(len(inst.decoding)))
             if delay_ms > 0.0:
@@ -383,6 +409,101 @@ class Simulator:
                 self._push(self.now_s + delay_ms / 1000.0, _EV_ADMIT, rid, inst.index)
                 return
         self._enqueue(inst, rid)
+
+    def _count_routed(self, pool: _Pool, inst: Instance, role: str, rid: int) -> None:
+        if role == pool.entry_role:
+            inst.router_prompt_tokens_total += int(self.req.prompt[rid])
+        if role == pool.entry_role and self.output_predictor is not None:
+            predicted = self.req.predicted[rid]
+            if not math.isnan(predicted):
+                inst.predicted_output_tokens_total += predicted
+
+    # -- the gateway queue (GatewayPolicy) -----------------------------------------------------------------
+    # Invariant: a role's gateway queue holds requests only while no active instance of the role has room
+    # (fewer than max_waiting waiting). Room appears only where an instance's waiting queue shrinks (its
+    # scheduler admitting, a tail request moved away) or an instance becomes active; each of those places
+    # pulls from the gateway (_pull), so per event the work is what moved, never a scan of the queue.
+    def _hold(self, pool: _Pool, role: str, gq: GatewayQueue, rid: int) -> None:
+        gq.push(rid, self.req.priority[rid])
+        self.req.where[rid] = -1
+        ready = pool.ready[role]
+        if ready:
+            # The gateway counts the request now, as it arrives (the pool's sum of the router counters is the
+            # arrival count the controller reads: counted at dispatch it would be capped by the fleet's
+            # capacity exactly when the fleet is short); kept on an active instance of the role.
+            first = ready[0]
+            first.router_requests_total += 1
+            self._count_routed(pool, first, role, rid)
+            self._gw_counted.add(rid)
+        if len(gq) > pool.gateway_peak[role]:
+            pool.gateway_peak[role] = len(gq)
+
+    def _pull(self, inst: Instance, *, replan: bool = False, step: bool = False) -> int:
+        """Move requests from the gateway into ``inst``'s waiting queue while it has room (``inst`` active);
+        returns how many. A decode run in progress is cut at its current step (as an arrival would);
+        ``replan``: push its new end event here (else the caller plans the segment).
+
+        ``step``: the instance is about to plan a step, so it also takes what its scheduler could start in
+        that step beyond the lookahead: while a sequence slot is free and, for a prefill (or mixed) instance,
+        the queued prompt tokens are short of ``max_num_batched_tokens``, for a decode instance the head's KV
+        blocks fit in the free ones. (Without this the lookahead would cap admissions at ``max_waiting`` per
+        step under a backlog.)"""
+        pool = self.pools[inst.pool_index]
+        gq = pool.gateway[inst.role]
+        req = self.req
+        n = 0
+        moved = False
+        w = self._gw_max
+        seats = tokens = blocks = 0
+        if step and gq:
+            seats = inst.max_seqs - inst.running - len(inst.waiting)
+            if inst.role == "decode":
+                bs = inst.block_size
+                blocks = inst.total_blocks - inst.used_blocks
+                blocks -= sum(-(-req.ctx[r] // bs) + 1 for _, r in inst.waiting)
+            else:
+                tokens = inst.max_batched - sum(req.prefill_left[r] for _, r in inst.waiting)
+        decode = inst.role == "decode"
+        while gq:
+            if step:  # what the head takes of the step's room
+                head = gq.peek()
+                need = -(-req.ctx[head] // inst.block_size) + 1 if decode else req.prefill_left[head]
+                fits = seats > 0 and (need <= blocks if decode else tokens > 0)
+                if len(inst.waiting) >= w and not fits:
+                    break
+                seats -= 1
+                if decode:
+                    blocks -= need
+                else:
+                    tokens -= need
+            elif len(inst.waiting) >= w:
+                break
+            rid = gq.pop()
+            counted = rid in self._gw_counted
+            if counted:
+                self._gw_counted.discard(rid)
+            else:  # held while no instance of its role was active: counted where it goes, as the router queue
+                self._count_routed(pool, inst, inst.role, rid)
+            self.req.where[rid] = inst.index
+            moved = inst.enqueue(rid, self.req.priority[rid], self.now_s, routed=not counted) or moved
+            n += 1
+        if moved and replan:
+            inst.version += 1
+            self._push(inst.seg_end_s, _EV_SEGMENT, inst.index, inst.version)
+        return n
+
+    def _refill(self, inst: Instance) -> None:
+        """``inst`` may have room now (it became active, or a waiting request left it): take from the gateway."""
+        if (
+            self.gateway is None
+            or inst.state != "active"
+            or not self.pools[inst.pool_index].gateway[inst.role]
+        ):
+            return
+        if inst.busy:
+            self._pull(inst, replan=True)
+        else:
+            self._schedule(inst)
 
     def _on_admit(self, rid: int, inst: Instance) -> None:
         """``rid``'s admission delay at ``inst`` is over: queue it there, or route it again if ``inst``
@@ -404,7 +525,20 @@ class Simulator:
             self._schedule(inst)
 
     def _schedule(self, inst: Instance, was_busy: bool = False) -> None:
+        gateway = (
+            self.gateway is not None
+            and inst.state == "active"
+            and bool(self.pools[inst.pool_index].gateway[inst.role])
+        )
+        if gateway:
+            self._pull(inst, step=True)  # before planning: what the step can take joins it
         end = inst.schedule(self.now_s, self.req)
+        while gateway and self._pull(inst):  # the scheduler made room: refill the lookahead
+            if inst.busy:  # they join at the next step; a decode run may have been cut short
+                inst.version += 1
+                end = inst.seg_end_s
+                break
+            end = inst.schedule(self.now_s, self.req)  # idle (its queue's head blocked): plan again
         if end is not None:
             self._push(end, _EV_SEGMENT, inst.index, inst.version)
         elif inst.state == "draining" and inst.empty:
@@ -463,6 +597,8 @@ class Simulator:
         elif rid in pool.pending[role]:  # parked at the router: no instance of the role is active
             pool.pending[role].remove(rid)
             pool.pending[role].appendleft(rid)
+        elif self.gateway is not None and pool.gateway[role].remove(rid, req.priority[rid]):
+            pool.gateway[role].push(rid, PRIORITY_PROMOTED)  # held at the gateway: ahead of every class
         else:
             return  # its prefill has started
         req.priority[rid] = PRIORITY_PROMOTED
@@ -519,6 +655,7 @@ class Simulator:
                 self._enqueue(inst, rid, routed=False)
                 if old.state == "draining" and old.empty and not old.busy:
                     self._finish_drain(old)
+                self._refill(old)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def _node_holds_gpu(self, node: str) -> bool:
@@ -602,6 +739,7 @@ class Simulator:
         pending = pool.pending[inst.role]
         while pending:
             self._route(pool, inst.role, pending.popleft())
+        self._refill(inst)
 
     def _deactivate(self, inst: Instance) -> None:
         ready = self.pools[inst.pool_index].ready[inst.role]
@@ -804,9 +942,23 @@ class Simulator:
         return out
 
     def pending(self, pool: str) -> dict[str, int]:
-        """Requests parked at the pool's router because no instance of their role is active."""
+        """Requests parked at the pool's router because no instance of their role is active, and, with a
+        gateway queue, those it holds for the entry role (prefill or mixed: they wait to be prefilled, as a
+        server's ``vllm:num_requests_waiting`` counts them) and for decode while no decode instance is
+        active. Decode requests held behind busy decode instances are left out, as the controller leaves out
+        a decode server's own waiting requests (prefilled, waiting for a slot): see :meth:`gateway_queued`."""
         p = self._pool_by_name[pool]
-        return {role: len(p.pending[role]) for role in p.spec.roles}
+        out = {role: len(p.pending[role]) for role in p.spec.roles}
+        if self.gateway is not None:
+            for role in p.spec.roles:
+                if role == p.entry_role or not p.ready[role]:
+                    out[role] += len(p.gateway[role])
+        return out
+
+    def gateway_queued(self, pool: str) -> dict[str, int]:
+        """Requests held at the pool's gateway queue now, per role (all 0 without a gateway queue)."""
+        p = self._pool_by_name[pool]
+        return {role: len(p.gateway[role]) for role in p.spec.roles}
 
     def gpu_seconds(self) -> float:
         """GPUs x seconds held so far by every instance (provisioning through draining)."""
@@ -914,6 +1066,8 @@ class Simulator:
                 "tail_promotions": p.tail_promotions,
                 "standby_promotions": p.standby_promotions,
             }
+            if self.gateway is not None:  # absent when off: today's reports unchanged
+                pools[p.spec.name]["gateway_peak"] = {r: p.gateway_peak[r] for r in p.spec.roles}
         profiles = sorted({p.spec.profile for p in self.pools})
         return ReplayReport(
             policy=policy,

@@ -27,6 +27,7 @@ import numpy as np
 from serving.sim.engine import HOLDS_GPU, ModelResolver, Simulator, TailPolicy
 from serving.sim.fleet import FleetSpec, PoolSpec
 from serving.sim.report import ReplayReport, Timeline
+from serving.sim.router import GatewayPolicy
 from serving.sim.samples import InstanceSamples
 from serving.workload.outlen import OutputLengthPredictor
 from serving.workload.trace import Trace
@@ -290,6 +291,7 @@ def replay(
     progress: Callable[[float, float], None] | None = None,
     tail: TailPolicy | None = None,
     output_predictor: OutputLengthPredictor | None = None,
+    gateway: GatewayPolicy | None = None,
 ) -> ReplayReport:
     """Replay ``traces`` (pool name -> trace) under ``policy``; ticks every ``tick_s`` of virtual time.
 
@@ -297,12 +299,15 @@ def replay(
     most ``drain_limit_s`` more; what is still running then is reported as ``unfinished``, never dropped.
     ``progress(now_s, end_s)`` is called every tick. ``tail`` turns on tail-request promotion and
     ``output_predictor`` predicts output lengths at arrival for the router (see ``Simulator``); both off by
-    default.
+    default. ``gateway`` holds requests at each pool's gateway while every instance of their role is
+    saturated (``serving.sim.router.GatewayPolicy``; None = off: a request is routed at once).
     """
     if tick_s <= 0:
         raise ValueError(f"tick_s must be > 0, got {tick_s}")
     wall0 = time.perf_counter()
-    sim = Simulator(fleet, traces, models=models, tail=tail, output_predictor=output_predictor)
+    sim = Simulator(
+        fleet, traces, models=models, tail=tail, output_predictor=output_predictor, gateway=gateway
+    )
     policy.reset(fleet, sim.traces)
     _apply(sim, policy.on_tick(0.0, _view(sim)), warm=True)
     end_s = max((float(t.arrival_s[-1]) for t in sim.traces.values() if len(t)), default=0.0)

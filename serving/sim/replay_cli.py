@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from serving.sim.fleet import FleetSpec
+from serving.sim.router import GatewayPolicy
 
 DEFAULT_TRACE = Path("datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.csv")
 _REPO = Path(__file__).resolve().parents[2]
@@ -136,6 +137,24 @@ def replay_cmd(
             help="Rows may arrive this many seconds before an earlier row (re-sorted); inf accepts any order.",
         ),
     ] = 1.0,
+    gateway_queue: Annotated[
+        str,
+        typer.Option(
+            "--gateway-queue",
+            help="on: hold requests at the pool's gateway while every instance of their role has"
+            " --gateway-max-waiting requests waiting, FCFS by class, until one has room (instances that come up"
+            " later serve them); off: route each request at once to an instance's own queue.",
+        ),
+    ] = "off",
+    gateway_max_waiting: Annotated[
+        int,
+        typer.Option(
+            "--gateway-max-waiting",
+            min=1,
+            help="With --gateway-queue on: an instance's waiting"
+            " requests below which it takes one from the gateway.",
+        ),
+    ] = 5,
     predict_output: Annotated[
         bool,
         typer.Option(
@@ -164,6 +183,11 @@ def replay_cmd(
     for it (counted as tail_promotions / standby_promotions per pool in the JSON).
     Example: pdscale replay --policy fixed --prefill 2 --decode 2 --standby 1 --tail-fraction 0.5
 
+    Gateway queue: --gateway-queue on holds requests at the pool's gateway (FCFS by class) while every instance
+    of their role has --gateway-max-waiting requests waiting, so that instances which come up later serve them
+    (the JSON gains gateway_peak per pool and role). Off by default.
+    Example: pdscale replay --policy reactive --gateway-queue on
+
     [bold]Fleets[/] (several models under one GPU budget): --fleet FLEET.yaml names gpu_budget and pools, each
     with name, profile, trace (relative to the file; `model:` selects rows of a multi-model trace such as
     BurstGPT's), slo_ttft_ms, slo_itl_ms, optional prefill/decode bounds and policy overrides.
@@ -181,6 +205,7 @@ def replay_cmd(
             "--router": router, "--format": fmt, "--plot": plot, "--tail-fraction": tail_fraction,
             "--standby": standby or None, "--predict-output": predict_output or None,
             "--placement": placement, "--mixed-node-slowdown": mixed_node_slowdown,
+            "--gateway-queue on": None if gateway_queue == "off" else gateway_queue,
         }  # fmt: skip
         clash = [k for k, v in given.items() if v is not None]
         if clash:
@@ -214,6 +239,7 @@ def replay_cmd(
             policy, PolicyOptions(prefill=prefill, decode=decode, mixed=mixed, standby=standby)
         )
         tail = TailPolicy(fraction=tail_fraction) if tail_fraction is not None else None
+        gateway = _gateway(gateway_queue, gateway_max_waiting)
         predictor = OutputLengthPredictor() if predict_output else None
         progress = Progress(
             TextColumn("replay"), BarColumn(), TextColumn("{task.fields[sim]}"), TimeElapsedColumn(),
@@ -230,7 +256,7 @@ def replay_cmd(
 
             report = replay(
                 fleet, {fleet.pools[0].name: requests}, chosen, tick_s=tick_s, progress=tick, tail=tail,
-                output_predictor=predictor,
+                output_predictor=predictor, gateway=gateway,
             )  # fmt: skip
     except (OSError, ValueError, KeyError, NotImplementedError) as exc:
         raise _fail(str(exc)) from None
@@ -263,6 +289,13 @@ def replay_cmd(
 
         plot_replay(report, plot)
         console.print(f"wrote {plot}")
+
+
+def _gateway(switch: str, max_waiting: int) -> GatewayPolicy | None:
+    """``--gateway-queue on|off`` as the replay's gateway policy (None = off)."""
+    if switch not in ("on", "off"):
+        raise ValueError(f"--gateway-queue must be on or off, got {switch!r}")
+    return GatewayPolicy(max_waiting=max_waiting) if switch == "on" else None
 
 
 def _override(

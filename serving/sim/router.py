@@ -13,11 +13,28 @@ the simulator holds a request at the pool's router queue while no instance of th
   ``output_tokens`` (an oracle) unless the simulator was given an ``OutputLengthPredictor``
   (``serving.workload.outlen``); NaN = unknown, never long. Within the preferred group it is
   least-loaded. With no marked instance ready it falls back to least-loaded over all.
+
+The gateway queue (:class:`GatewayPolicy`, optional, per pool and role): real P/D stacks hold requests in
+front of saturated servers instead of pushing them into one server's local queue, so that capacity that
+comes up later (a cold start ending, a standby promoted) serves them. The Gateway API Inference Extension's
+endpoint picker (used by llm-d) calls a server saturated when its ``vllm:num_requests_waiting`` exceeds a
+queue-depth threshold (``DefaultQueueDepthThreshold = 5`` in ``pkg/epp/saturationdetector/config.go``) or
+its KV use 0.8, and its flow control holds the excess at the gateway, dispatching it in priority order as
+servers free up (llm-d's flow-control tuning guide: a small "lookahead buffer" stays in the server's own
+waiting queue so the continuous batcher always has work, the rest waits at the gateway for late binding).
+NVIDIA Dynamo's frontend has the same saturation signals (``--active-prefill-tokens-threshold``,
+``--active-decode-blocks-threshold``) but sheds load (HTTP 529) instead of queueing. Here an instance has room
+while its waiting queue is shorter than ``max_waiting`` (default 5, the extension's threshold): the
+simulated server admits from its waiting queue whenever ``max_num_seqs`` and its KV blocks allow, so a
+server that is KV- or sequence-bound stops draining its queue and reaches the threshold; the queue depth
+thus also stands for the KV test, one step late, without a KV hook. The queue itself
+(:class:`GatewayQueue`) is FCFS within a QoS class, classes in priority order; nothing is dropped.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -44,6 +61,74 @@ class RouteRequest:
     predicted_output_tokens: float  # NaN = unknown
     priority: int
     stage: str
+
+
+@dataclass(frozen=True)
+class GatewayPolicy:
+    """The gateway queue's one knob: an active instance takes a request from the gateway while its own
+    waiting queue holds fewer than ``max_waiting`` requests (the lookahead its scheduler sees at a step)."""
+
+    max_waiting: int = 5
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_waiting, int) and self.max_waiting >= 1):
+            raise ValueError(
+                f"invalid GatewayPolicy: max_waiting={self.max_waiting!r} must be an integer >= 1"
+            )
+
+
+class GatewayQueue:
+    """Requests held at a pool's gateway for one role: FCFS within a priority class, the lowest class
+    value first (tail-promoted, then VIP, normal, batch). Push and pop are O(1) (a handful of classes)."""
+
+    def __init__(self) -> None:
+        self._classes: dict[int, deque[int]] = {}
+        self._order: list[int] = []  # the class values present, ascending
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def push(self, rid: int, priority: int) -> None:
+        q = self._classes.get(priority)
+        if q is None:
+            q = self._classes[priority] = deque()
+            self._order = sorted(self._classes)
+        q.append(rid)
+        self._n += 1
+
+    def pop(self) -> int:
+        """The head: the oldest request of the best class present."""
+        for priority in self._order:
+            q = self._classes[priority]
+            if q:
+                self._n -= 1
+                return q.popleft()
+        raise IndexError("pop from an empty gateway queue")
+
+    def peek(self) -> int:
+        """The head, left in place."""
+        for priority in self._order:
+            q = self._classes[priority]
+            if q:
+                return q[0]
+        raise IndexError("peek at an empty gateway queue")
+
+    def remove(self, rid: int, priority: int) -> bool:
+        """Take ``rid`` out of class ``priority`` (O(class length)); False when it is not there."""
+        q = self._classes.get(priority)
+        if q is None or rid not in q:
+            return False
+        q.remove(rid)
+        self._n -= 1
+        return True
+
+    def rids(self) -> list[int]:
+        """Every request held, in dispatch order."""
+        return [rid for priority in self._order for rid in self._classes[priority]]
 
 
 class Router(Protocol):

@@ -76,7 +76,7 @@ def test_bad_headroom_is_rejected_by_name(params: dict[str, Any], match: str) ->
 def _fake_run(threshold: float | None, calls: list[float]) -> Any:
     """A replay stand-in: attainment 0.999 at headroom >= threshold, else 0.9 (None: never)."""
 
-    def run(name: str, trace: Trace, fleet: Any, policy: Any) -> Any:
+    def run(name: str, trace: Trace, fleet: Any, policy: Any, gateway: Any = None) -> Any:
         h = policy.headroom
         calls.append(h)
         ok = threshold is not None and h >= threshold
