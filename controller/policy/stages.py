@@ -172,6 +172,13 @@ class RampFit:
         return self.slope / self.se if self.se > 0 else (math.inf if self.slope > 0 else 0.0)
 
 
+def _rate_arrays(history: tuple[tuple[float, float], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(times, rates) of the known samples of ``history`` (NaN, inf and negative rates left out)."""
+    arr = np.asarray(history, dtype=np.float64).reshape(-1, 2)
+    keep = np.isfinite(arr[:, 1]) & (arr[:, 1] >= 0) & np.isfinite(arr[:, 0])
+    return arr[keep, 0], arr[keep, 1]
+
+
 def ramp_fit(history: tuple[tuple[float, float], ...], now_s: float, window_s: float) -> RampFit | None:
     """Fit rate = level + slope × (t − now) to the samples of ``history`` in (now − window_s, now]; None when
     they are too few (``TREND_MIN_SAMPLES``) or span too little of the window (``TREND_MIN_COVERAGE``).
@@ -180,14 +187,18 @@ def ramp_fit(history: tuple[tuple[float, float], ...], now_s: float, window_s: f
     (what over-dispersed, bursty traffic shows) and (b) Poisson counting noise, mean rate / sample spacing
     (a floor: a window that happens to be smooth, or rates already averaged upstream, do not make a slope
     look certain). A step is told from a ramp by the best single level change (two means, split anywhere):
-    when it leaves residuals no larger than the line's, the window is a step or a burst, not a ramp."""
-    pts = [(t, r) for t, r in history if now_s - window_s < t <= now_s and _known(r)]
-    n = len(pts)
+    when it leaves residuals smaller than the line's by more than ``TREND_STEP_MARGIN`` per-sample
+    variances, the window is a step or a burst, not a ramp."""
+    return _fit(*_rate_arrays(history), now_s, window_s)
+
+
+def _fit(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float) -> RampFit | None:
+    sel = (times > now_s - window_s) & (times <= now_s)
+    t, r = times[sel], rates[sel]
+    n = len(t)
     if n < TREND_MIN_SAMPLES:
         return None
-    arr = np.asarray(pts, dtype=np.float64)
-    t, r = arr[:, 0], arr[:, 1]
-    span = float(t[-1] - t[0])
+    span = float(t.max() - t.min())
     if span < TREND_MIN_COVERAGE * window_s:
         return None
     tc = t - t.mean()
@@ -209,12 +220,12 @@ def ramp_fit(history: tuple[tuple[float, float], ...], now_s: float, window_s: f
 
 
 def _trend_at(
-    history: tuple[tuple[float, float], ...], now_s: float, lead_s: float, min_z: float
+    times: np.ndarray, rates: np.ndarray, now_s: float, lead_s: float, min_z: float
 ) -> tuple[float, RampFit | None]:
     """The projection factor of the shortest ramp at ``now_s`` whose slope is ``min_z`` standard errors
     above zero (1, None when there is none)."""
     for window_s in TREND_WINDOWS_S:
-        fit = ramp_fit(history, now_s, window_s)
+        fit = _fit(times, rates, now_s, window_s)
         if fit is None or fit.step_fits_better or fit.z < min_z or fit.level <= 0:
             continue
         factor = min((fit.level + fit.slope * lead_s) / fit.level, MAX_TREND_FACTOR)
@@ -241,11 +252,12 @@ def trend_factor(
     """
     if lead_s <= 0:
         return 1.0, None
-    factor, fit = _trend_at(history, now_s, lead_s, TREND_MIN_Z)
+    times, rates = _rate_arrays(history)
+    factor, fit = _trend_at(times, rates, now_s, lead_s, TREND_MIN_Z)
     if fit is None:
         return 1.0, None
     for lag_s in TREND_CONFIRM_S:
-        earlier, _ = _trend_at(history, now_s - lag_s, lead_s, TREND_CONFIRM_Z)
+        earlier, _ = _trend_at(times, rates, now_s - lag_s, lead_s, TREND_CONFIRM_Z)
         if earlier <= 1.0:
             return 1.0, None
         factor = min(factor, earlier)
