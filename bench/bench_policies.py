@@ -8,7 +8,8 @@ Workloads (all replayed through the simulator, llama3-8b/a100, one P/D pool):
   TTFT 3 s / ITL 35 ms (the issue's second goal);
 * ``mmpp``: a synthetic Markov-modulated bursty trace (serving.workload.synthetic, 6x bursts of ~20 s);
 * ``ramp``: a linear rise 2 -> 24 req/s over ``--ramp-s`` (default 1200 s) between 300 s flat at each end,
-  Poisson arrivals, the sinusoid's lengths and SLOs (a morning rise, not a cycle).
+  Poisson arrivals, the sinusoid's lengths and SLOs (a morning rise, not a cycle);
+* ``mmpp-diurnal``: 4x bursts of ~30 s riding a 1800-s diurnal wave (amplitude 0.7), 3600 s (bursts on a rise).
 
 Held out (never used to choose a default; run them with ``--workloads mmpp-holdout,mooncake``):
 
@@ -155,6 +156,21 @@ def workload(
             output=LengthDist(median_tokens=200.0, sigma=0.8, max_tokens=2000),
         )
         return generate(params, seed=5), single_pool()
+    if name == "mmpp-diurnal":
+        # Bursts riding a diurnal wave (added with the ramp detector to check that bursts on a rise are not
+        # read as a steeper ramp; never used to choose a default): 4x bursts of ~30 s on a 1800-s cycle.
+        params = SyntheticParams(
+            duration_s=duration_s or 3600.0,
+            rate_rps=6.0,
+            burst_multiplier=4.0,
+            calm_mean_s=150.0,
+            burst_mean_s=30.0,
+            diurnal_amplitude=0.7,
+            diurnal_period_s=1800.0,
+            prompt=LengthDist(median_tokens=1500.0, sigma=0.8, max_tokens=8000),
+            output=LengthDist(median_tokens=200.0, sigma=0.8, max_tokens=2000),
+        )
+        return generate(params, seed=31), single_pool()
     if name == "mmpp-holdout":
         # Held out: never used to choose a default. Another seed, longer and rarer bursts, a lower ratio.
         params = SyntheticParams(
@@ -174,7 +190,9 @@ def workload(
         if duration_s is not None:
             trace = trace.window(0.0, duration_s)
         return trace, single_pool(slo_ttft_ms=5000.0, slo_itl_ms=50.0)
-    raise ValueError(f"unknown workload {name!r}: code, conv, sine, mmpp, ramp, mmpp-holdout, mooncake")
+    raise ValueError(
+        f"unknown workload {name!r}: code, conv, sine, mmpp, ramp, mmpp-diurnal, mmpp-holdout, mooncake"
+    )
 
 
 def _parse_params(text: str) -> dict[str, Any]:
