@@ -6,7 +6,10 @@ Workloads (all replayed through the simulator, llama3-8b/a100, one P/D pool):
 * ``conv``: the bundled Azure 2023 conversation trace (smooth), TTFT 1 s / ITL 50 ms;
 * ``sine``: a synthetic sinusoid 1 <-> 24 req/s (period ``--sine-period-s``), ISL ~8000 / OSL ~1000,
   TTFT 3 s / ITL 35 ms (the issue's second goal);
-* ``mmpp``: a synthetic Markov-modulated bursty trace (serving.workload.synthetic, 6x bursts of ~20 s).
+* ``mmpp``: a synthetic Markov-modulated bursty trace (serving.workload.synthetic, 6x bursts of ~20 s);
+* ``ramp``: a linear rise 2 -> 24 req/s over ``--ramp-s`` (default 1200 s) between 300 s flat at each end,
+  Poisson arrivals, the sinusoid's lengths and SLOs (a morning rise, not a cycle);
+* ``mmpp-diurnal``: 4x bursts of ~30 s riding a 1800-s diurnal wave (amplitude 0.7), 3600 s (bursts on a rise).
 
 Held out (never used to choose a default; run them with ``--workloads mmpp-holdout,mooncake``):
 
@@ -65,7 +68,7 @@ from serving.sim.report import ReplayReport
 from serving.sim.router import GatewayPolicy
 from serving.workload.readers import read_trace
 from serving.workload.synthetic import LengthDist, SyntheticParams, generate
-from serving.workload.trace import Trace
+from serving.workload.trace import PRIORITY_NORMAL, Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT / "datasets" / "azure2023"
@@ -83,8 +86,49 @@ def _azure(kind: str) -> Path:
     raise FileNotFoundError(f"Azure {kind} trace not found under {AZURE}")
 
 
-def workload(name: str, duration_s: float | None, sine_period_s: float) -> tuple[Trace, FleetSpec]:
+SINE_PROMPT = LengthDist(median_tokens=8000.0, sigma=0.1, max_tokens=16_000)
+SINE_OUTPUT = LengthDist(median_tokens=1000.0, sigma=0.1, max_tokens=2000)
+RAMP_FLAT_S = 300.0  # the ramp workload's flat stretch before and after the rise
+RAMP_RPS = (2.0, 24.0)  # from, to
+
+
+def ramp_trace(ramp_s: float, seed: int = 13) -> Trace:
+    """Poisson arrivals at a rate flat at RAMP_RPS[0] for RAMP_FLAT_S, rising linearly to RAMP_RPS[1] over
+    ``ramp_s``, flat again for RAMP_FLAT_S (time rescaling of a unit-rate process through the integrated
+    rate); the sinusoid's prompt and output lengths."""
+    if not ramp_s > 0:
+        raise ValueError(f"--ramp-s must be > 0, got {ramp_s}")
+    lo, hi = RAMP_RPS
+    grid = np.arange(0.0, 2 * RAMP_FLAT_S + ramp_s + 1.0)
+    rate = lo + (hi - lo) * np.clip((grid - RAMP_FLAT_S) / ramp_s, 0.0, 1.0)
+    big_lambda = np.concatenate([[0.0], np.cumsum((rate[1:] + rate[:-1]) / 2)])
+    rng = np.random.default_rng(seed)
+    unit = np.cumsum(rng.exponential(1.0, int(big_lambda[-1] * 1.2) + 100))
+    unit = unit[unit < big_lambda[-1]]
+    t = np.interp(unit, big_lambda, grid)
+    t = t - t[0]
+    n = len(t)
+    return Trace(
+        arrival_s=t,
+        prompt_tokens=SINE_PROMPT.sample(rng, n),
+        output_tokens=SINE_OUTPUT.sample(rng, n),
+        priority=np.full(n, PRIORITY_NORMAL, dtype=np.int8),
+        model=np.full(n, -1, dtype=np.int16),
+        failed=np.zeros(n, dtype=bool),
+        source=f"ramp({lo:g}->{hi:g} req/s over {ramp_s:g} s, seed={seed})",
+        format="synthetic",
+    )
+
+
+def workload(
+    name: str, duration_s: float | None, sine_period_s: float, ramp_s: float = 1200.0
+) -> tuple[Trace, FleetSpec]:
     """The trace and the fleet (SLOs) of one named workload."""
+    if name == "ramp":
+        trace = ramp_trace(ramp_s)
+        if duration_s is not None:
+            trace = trace.window(0.0, duration_s)
+        return trace, single_pool(slo_ttft_ms=3000.0, slo_itl_ms=35.0)
     if name in ("code", "conv"):
         trace = read_trace(_azure(name))
         if duration_s is not None:
@@ -98,8 +142,8 @@ def workload(name: str, duration_s: float | None, sine_period_s: float) -> tuple
             diurnal_amplitude=11.5 / 12.5,  # 1 <-> 24 req/s
             diurnal_period_s=sine_period_s,
             diurnal_phase_s=-sine_period_s / 4,  # starts at the trough
-            prompt=LengthDist(median_tokens=8000.0, sigma=0.1, max_tokens=16_000),
-            output=LengthDist(median_tokens=1000.0, sigma=0.1, max_tokens=2000),
+            prompt=SINE_PROMPT,
+            output=SINE_OUTPUT,
         )
         return generate(params, seed=11), single_pool(slo_ttft_ms=3000.0, slo_itl_ms=35.0)
     if name == "mmpp":
@@ -113,6 +157,21 @@ def workload(name: str, duration_s: float | None, sine_period_s: float) -> tuple
             output=LengthDist(median_tokens=200.0, sigma=0.8, max_tokens=2000),
         )
         return generate(params, seed=5), single_pool()
+    if name == "mmpp-diurnal":
+        # Bursts riding a diurnal wave (added with the ramp detector to check that bursts on a rise are not
+        # read as a steeper ramp; never used to choose a default): 4x bursts of ~30 s on a 1800-s cycle.
+        params = SyntheticParams(
+            duration_s=duration_s or 3600.0,
+            rate_rps=6.0,
+            burst_multiplier=4.0,
+            calm_mean_s=150.0,
+            burst_mean_s=30.0,
+            diurnal_amplitude=0.7,
+            diurnal_period_s=1800.0,
+            prompt=LengthDist(median_tokens=1500.0, sigma=0.8, max_tokens=8000),
+            output=LengthDist(median_tokens=200.0, sigma=0.8, max_tokens=2000),
+        )
+        return generate(params, seed=31), single_pool()
     if name == "mmpp-holdout":
         # Held out: never used to choose a default. Another seed, longer and rarer bursts, a lower ratio.
         params = SyntheticParams(
@@ -132,7 +191,9 @@ def workload(name: str, duration_s: float | None, sine_period_s: float) -> tuple
         if duration_s is not None:
             trace = trace.window(0.0, duration_s)
         return trace, single_pool(slo_ttft_ms=5000.0, slo_itl_ms=50.0)
-    raise ValueError(f"unknown workload {name!r}: code, conv, sine, mmpp, mmpp-holdout, mooncake")
+    raise ValueError(
+        f"unknown workload {name!r}: code, conv, sine, mmpp, ramp, mmpp-diurnal, mmpp-holdout, mooncake"
+    )
 
 
 def _parse_params(text: str) -> dict[str, Any]:
@@ -400,6 +461,7 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--duration-s", type=float, default=None, help="replay only the first DURATION_S s")
     ap.add_argument("--sine-period-s", type=float, default=600.0)
+    ap.add_argument("--ramp-s", type=float, default=1200.0, help="the ramp workload's rise, seconds")
     ap.add_argument("--forecaster", choices=("holt", "default"), default="holt")
     ap.add_argument("--params", default="", help="PolicyConfig overrides for predictive: k=v,k=v")
     ap.add_argument("--label", default="", help="a label printed in each row (e.g. before/after)")
@@ -456,7 +518,7 @@ def main() -> None:
         "|---|---|---|---|---|" + "---|---|" * (args.time_split is not None) + "---|---|---|---|---|---|---|"
     )
     for wl in args.workloads.split(","):
-        trace, fleet = workload(wl, args.duration_s, args.sine_period_s)
+        trace, fleet = workload(wl, args.duration_s, args.sine_period_s, args.ramp_s)
         split_s = 0.0 if args.time_split is None else args.time_split * float(trace.arrival_s[-1])
         results: dict[tuple[str, str], ReplayReport] = {}
         for pol, (gw_name, gateway) in ((p, g) for p in args.policies.split(",") for g in gateways):

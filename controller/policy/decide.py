@@ -55,8 +55,11 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     )
     factor, why_trend = stages.trend_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
     if why_trend:
-        need = stages.with_trend(need, factor)
-        reasons.append(why_trend)
+        queued = stages.queued_decode(obs, cap)
+        need = stages.with_trend(need, factor, queued)
+        reasons.append(
+            f"{why_trend}; + {queued:.2f} decode for the queue it will prefill" if queued else why_trend
+        )
     prefill, decode, why = stages.with_headroom(need, cfg.headroom)
     reasons.append(why)
     decode, buffer_seqs, why = stages.buffer_target(need.running_seqs, decode, cfg.buffer_multiplier, cap)
@@ -86,7 +89,8 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     if why_hold:
         reasons.append(why_hold)
     short, why_short = stages.short_burst(state.burst_runs, state.need_blocks, obs.now_s, cfg)
-    if short and queue_s < cfg.queue_persist_s:
+    # A ramp is not a short burst: the load the trend projects is still there when cold capacity serves.
+    if short and queue_s < cfg.queue_persist_s and why_trend is None:
         for role in ROLES:
             warm = obs.replicas.get(role, 0) + obs.standby.get(role, 0)
             if wanted[role] > warm:

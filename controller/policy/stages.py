@@ -145,10 +145,93 @@ def capacity_target(
     return Need(prefill=prefill, decode=decode, running_seqs=running, reasons=tuple(reasons))
 
 
-TREND_BLOCK_S = 30.0  # the arrival rate is averaged over blocks this long (per-second rates are noise)
-TREND_BLOCKS = 4  # consecutive blocks that must all rise for a trend: the last 2 minutes
-TREND_MIN_Z = 2.0  # the median block-to-block rise must be this many standard errors
+TREND_WINDOWS_S = (30.0, 60.0, 120.0)  # least-squares windows over the per-tick arrival rate, shortest first
+TREND_MIN_Z = 3.0  # a window's slope must stand this many standard errors above zero
+TREND_MIN_COVERAGE = 0.8  # a window's samples must span this fraction of it (no trend from a gap)
+TREND_MIN_SAMPLES = 10  # and number at least this many
+# a step (two levels, split anywhere) explains a window better than the line when it leaves residuals this
+# many per-sample variances smaller: it has one parameter more, its split point (AIC's 2 per parameter)
+TREND_STEP_MARGIN = 2.0
+TREND_CONFIRM_S = (5.0, 10.0)  # a ramp must also have been seen this long ago (a burst's first seconds pass)
+TREND_CONFIRM_Z = 2.0  # there at this many standard errors (a ramp's early windows are its weakest)
 MAX_TREND_FACTOR = 4.0  # a projection never asks for more than this × the current need
+
+
+@dataclass(frozen=True)
+class RampFit:
+    """A least-squares line through one window of the arrival rate (``ramp_fit``)."""
+
+    window_s: float
+    slope: float  # req/s per second
+    se: float  # its standard error: the larger of the residuals' and the Poisson counts' variance
+    level: float  # the line's value at now, req/s
+    step_fits_better: bool  # one level change explains the window at least as well as the line
+
+    @property
+    def z(self) -> float:
+        return self.slope / self.se if self.se > 0 else (math.inf if self.slope > 0 else 0.0)
+
+
+def _rate_arrays(history: tuple[tuple[float, float], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(times, rates) of the known samples of ``history`` (NaN, inf and negative rates left out)."""
+    arr = np.asarray(history, dtype=np.float64).reshape(-1, 2)
+    keep = np.isfinite(arr[:, 1]) & (arr[:, 1] >= 0) & np.isfinite(arr[:, 0])
+    return arr[keep, 0], arr[keep, 1]
+
+
+def ramp_fit(history: tuple[tuple[float, float], ...], now_s: float, window_s: float) -> RampFit | None:
+    """Fit rate = level + slope × (t − now) to the samples of ``history`` in (now − window_s, now]; None when
+    they are too few (``TREND_MIN_SAMPLES``) or span too little of the window (``TREND_MIN_COVERAGE``).
+
+    The slope's standard error takes the larger per-sample variance of (a) the residuals around the line
+    (what over-dispersed, bursty traffic shows) and (b) Poisson counting noise, mean rate / sample spacing
+    (a floor: a window that happens to be smooth, or rates already averaged upstream, do not make a slope
+    look certain). A step is told from a ramp by the best single level change (two means, split anywhere):
+    when it leaves residuals smaller than the line's by more than ``TREND_STEP_MARGIN`` per-sample
+    variances, the window is a step or a burst, not a ramp."""
+    return _fit(*_rate_arrays(history), now_s, window_s)
+
+
+def _fit(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float) -> RampFit | None:
+    sel = (times > now_s - window_s) & (times <= now_s)
+    t, r = times[sel], rates[sel]
+    n = len(t)
+    if n < TREND_MIN_SAMPLES:
+        return None
+    span = float(t.max() - t.min())
+    if span < TREND_MIN_COVERAGE * window_s:
+        return None
+    tc = t - t.mean()
+    sxx = float(tc @ tc)
+    if sxx <= 0:
+        return None
+    mean = float(r.mean())
+    slope = float(tc @ (r - mean)) / sxx
+    rss_line = float(((r - mean - slope * tc) ** 2).sum())
+    csum = np.cumsum(r)[:-1]
+    k = np.arange(1, n, dtype=np.float64)
+    total = float(r.sum())
+    rss_step = float((r @ r) - (csum**2 / k + (total - csum) ** 2 / (n - k)).max())
+    poisson = max(mean, 0.0) / (span / (n - 1))
+    var = max(rss_line / (n - 2), poisson)
+    level = mean + slope * (now_s - float(t.mean()))
+    step_better = rss_line - rss_step > TREND_STEP_MARGIN * var
+    return RampFit(window_s, slope, math.sqrt(var / sxx), level, step_better)
+
+
+def _trend_at(
+    times: np.ndarray, rates: np.ndarray, now_s: float, lead_s: float, min_z: float
+) -> tuple[float, RampFit | None]:
+    """The projection factor of the shortest ramp at ``now_s`` whose slope is ``min_z`` standard errors
+    above zero (1, None when there is none)."""
+    for window_s in TREND_WINDOWS_S:
+        fit = _fit(times, rates, now_s, window_s)
+        if fit is None or fit.step_fits_better or fit.z < min_z or fit.level <= 0:
+            continue
+        factor = min((fit.level + fit.slope * lead_s) / fit.level, MAX_TREND_FACTOR)
+        if factor > 1.0:
+            return factor, fit
+    return 1.0, None
 
 
 def trend_factor(
@@ -158,49 +241,55 @@ def trend_factor(
 
     Capacity must be ready when the load comes, and a cold instance serves ``lead_s`` after it is asked
     for; a ramp (a diurnal rise, a sinusoid) outruns any policy that sizes for the load of the next few
-    seconds. The arrival rate's mean over ``TREND_BLOCKS`` consecutive blocks of ``TREND_BLOCK_S`` must
-    rise block after block, and the median rise must stand ``TREND_MIN_Z`` standard errors above the
-    noise (the blocks' own sample variance, so an overdispersed bursty trace needs a clearer trend); then
-    the last block's mean is extrapolated linearly to ``now + lead_s``. A one-block burst does not move the
-    median rise, so a step does not read as a ramp. Returns (factor >= 1, reason or None). Never below 1:
-    falling load is left to the scale-down delay.
+    seconds. A least-squares line is fitted to the arrival rate over each window of ``TREND_WINDOWS_S``,
+    shortest first (``ramp_fit``); the first whose slope is ``TREND_MIN_Z`` standard errors above zero
+    (Poisson or over-dispersed noise, whichever is larger) and which a single step does not explain as
+    well (a burst, or a level change, is not a ramp) is a ramp, and its line is extrapolated to
+    ``now + lead_s``. The ramp must also be there ``TREND_CONFIRM_S`` seconds earlier (each judged on the
+    history it had then, at ``TREND_CONFIRM_Z``), and the smallest of those projections is taken: the steep first seconds of a
+    burst read as a ramp for a tick or two, a ramp persists. Returns (factor in [1, ``MAX_TREND_FACTOR``],
+    reason or None). Never below 1: falling load is left to the scale-down delay.
     """
     if lead_s <= 0:
         return 1.0, None
-    means: list[float] = []
-    variances: list[float] = []
-    for k in range(TREND_BLOCKS - 1, -1, -1):  # oldest block first
-        hi = now_s - k * TREND_BLOCK_S
-        xs = [r for t, r in history if hi - TREND_BLOCK_S < t <= hi]
-        if len(xs) < 3:
-            return 1.0, None
-        m = sum(xs) / len(xs)
-        means.append(m)
-        variances.append(_mean_var(xs))
-    rises = sorted(b - a for a, b in itertools.pairwise(means))
-    noise = math.sqrt(2.0 * max(variances))
-    median_rise = rises[len(rises) // 2]
-    if rises[0] <= 0 or median_rise <= TREND_MIN_Z * noise or means[-1] <= 0:
+    times, rates = _rate_arrays(history)
+    factor, fit = _trend_at(times, rates, now_s, lead_s, TREND_MIN_Z)
+    if fit is None:
         return 1.0, None
-    slope_rps_per_s = median_rise / TREND_BLOCK_S
-    projected = means[-1] + slope_rps_per_s * (TREND_BLOCK_S / 2 + lead_s)
-    factor = min(projected / means[-1], MAX_TREND_FACTOR)
+    for lag_s in TREND_CONFIRM_S:
+        earlier, _ = _trend_at(times, rates, now_s - lag_s, lead_s, TREND_CONFIRM_Z)
+        if earlier <= 1.0:
+            return 1.0, None
+        factor = min(factor, earlier)
     reason = (
-        f"trend: arrivals rising {slope_rps_per_s * 60:.2f} req/s per min for {TREND_BLOCKS * TREND_BLOCK_S:.0f} s"
+        f"trend: arrivals rising {fit.slope * 60:.2f} req/s per min over the last {fit.window_s:.0f} s"
+        f" ({fit.z:.1f} standard errors, also {', '.join(f'{x:.0f}' for x in TREND_CONFIRM_S)} s ago)"
         f" → load × {factor:.2f} by the time new capacity serves ({lead_s:.0f} s)"
     )
     return factor, reason
 
 
-def with_trend(need: Need, factor: float) -> Need:
-    """Scale a need by a trend factor (1 = unchanged)."""
+def with_trend(need: Need, factor: float, queued_decode: float = 0.0) -> Need:
+    """Scale a need by a trend factor (1 = unchanged); on a ramp (factor > 1) add ``queued_decode`` decode
+    instances for the prefill queue the new capacity will flush into decode (see ``queued_decode``)."""
     if factor == 1.0:
         return need
     return replace(
         need,
         prefill=min(need.prefill * factor, MAX_NEED),
-        decode=min(need.decode * factor, MAX_NEED),
+        decode=min(need.decode * factor + max(queued_decode, 0.0), MAX_NEED),
     )
+
+
+def queued_decode(obs: PoolObservation, cap: PoolCapacity) -> float:
+    """Decode instances the prefill queue will hold once it is prefilled (0 with no queue or an unknown one).
+
+    On a ramp the prefill capacity the trend starts clears the queue within the lead, and every request it
+    clears then holds a decode slot: sized from arrivals alone (Little's law), decode lags prefill by one
+    cold start just when the queue flushes into it (the 600-s sinusoid's first rise: 1,835 sequences
+    running on 39 decode instances of 30, every request past the ITL SLO for a minute)."""
+    waiting = obs.waiting_requests
+    return waiting / cap.decode_seqs if _known(waiting) else 0.0
 
 
 def with_headroom(need: Need, headroom: float) -> tuple[int, int, str]:
@@ -270,7 +359,8 @@ def qps_change_per_min(
     return (r1 - r0) / r0 * 60.0 / span_s
 
 
-RATE_HISTORY_S = TREND_BLOCKS * TREND_BLOCK_S  # what the trend needs; the QPS alert reads the last minute
+# what the trend needs (its longest window, seen from its earliest confirmation); the QPS alert reads the last minute
+RATE_HISTORY_S = max(TREND_WINDOWS_S) + max(TREND_CONFIRM_S)
 
 
 def update_rate_history(
