@@ -46,6 +46,7 @@ LEVEL_SCHEMA_VERSION = 3
 # arrival level on a fixed affine map (no fitted statistics: a rate never seen in training is encoded the
 # same way, not standardised by training data): (log1p(level req/s) - 2) / 2 → 1 req/s ≈ -0.65, 100 ≈ 1.3.
 LEVEL_FEATURE = "arrival_level"
+LEVEL_SOURCES: tuple[str, ...] = ("own", "arrivals")
 _LEVEL_CENTER, _LEVEL_SCALE = 2.0, 2.0
 # Rates above this are not measurements (garbage such as 1e300): they never enter a level.
 _MAX_RATE = 1e12
@@ -118,8 +119,15 @@ class FeatureSchema:
     descriptors: tuple[str, ...] = ()
     #: > 0: level-relative encoding (schema v3) with a trailing level of this half-life (seconds); 0 = off.
     level_halflife_s: float = 0.0
+    #: Whose level each target is relative to: ``"own"`` (its own rate channel's) or ``"arrivals"`` (the
+    #: arrival rate's, for all: token inputs then read as tokens per request, token targets follow arrivals).
+    level_of: str = "own"
 
     def __post_init__(self) -> None:
+        if self.level_of not in LEVEL_SOURCES:
+            raise FeatureError(
+                f"FeatureSchema.level_of must be one of {LEVEL_SOURCES}, got {self.level_of!r}"
+            )
         if not (self.level_halflife_s >= 0 and math.isfinite(self.level_halflife_s)):
             raise FeatureError(
                 f"FeatureSchema.level_halflife_s must be >= 0 seconds (0 = off), got {self.level_halflife_s}"
@@ -199,7 +207,11 @@ class FeatureSchema:
             "step_s": self.step_s,
             "version": self.version,
             **({"descriptors": list(self.descriptors)} if self.descriptors else {}),
-            **({"level_halflife_s": self.level_halflife_s} if self.level_relative else {}),
+            **(
+                {"level_halflife_s": self.level_halflife_s, "level_of": self.level_of}
+                if self.level_relative
+                else {}
+            ),
         }
 
     @classmethod
@@ -218,6 +230,7 @@ class FeatureSchema:
             version=int(d["version"]),
             descriptors=tuple(str(x) for x in d.get("descriptors", ())),
             level_halflife_s=float(d.get("level_halflife_s", 0.0)),
+            level_of=str(d.get("level_of", "own")),
         )
 
     def diff(self, other: FeatureSchema) -> list[str]:
@@ -239,6 +252,8 @@ class FeatureSchema:
             out.append(f"step_s: {self.step_s} != {other.step_s}")
         if self.level_halflife_s != other.level_halflife_s:
             out.append(f"level_halflife_s: {self.level_halflife_s} != {other.level_halflife_s}")
+        if self.level_of != other.level_of:
+            out.append(f"level_of: {self.level_of} != {other.level_of}")
         return out
 
 
@@ -605,8 +620,16 @@ class DescriptorState:
 # when forecast. Other channels (running, waiting, KV usage, latencies) keep the absolute encoding.
 
 
-def _level_columns(schema: FeatureSchema) -> list[int]:
+def _rate_columns(schema: FeatureSchema) -> list[int]:
+    """Each target's own rate channel (the inputs made relative)."""
     return [schema.channels.index(TARGET_CHANNELS[t]) for t in schema.targets]
+
+
+def _level_columns(schema: FeatureSchema) -> list[int]:
+    """The channel whose level each target is relative to (``FeatureSchema.level_of``)."""
+    if schema.level_of == "arrivals":
+        return [schema.channels.index("arrival_rps")] * len(schema.targets)
+    return _rate_columns(schema)
 
 
 def _level_terms(x_raw: np.ndarray, mask: np.ndarray, schema: FeatureSchema) -> np.ndarray:
@@ -672,7 +695,7 @@ def level_offsets(
             f"levels {lv.shape} must end in {len(schema.targets)} targets {list(schema.targets)}"
         )
     x_off = np.zeros((*lv.shape[:-1], len(schema.channels)))
-    x_off[..., _level_columns(schema)] = np.log1p(np.nan_to_num(lv, nan=0.0))
+    x_off[..., _rate_columns(schema)] = np.log1p(np.nan_to_num(lv, nan=0.0))
     return x_off, np.log1p(horizon_s * lv)
 
 

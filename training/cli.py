@@ -189,6 +189,14 @@ def fit_cmd(
             "is not out of distribution. 0 = off (absolute inputs, schema v1/v2).",
         ),
     ] = 0.0,
+    level_of: Annotated[
+        str,
+        typer.Option(
+            "--level-of",
+            help="With --level-halflife-s: each target relative to its own rate's level ('own') or every "
+            "target and rate input relative to the arrival level ('arrivals').",
+        ),
+    ] = "own",
     rate_range: Annotated[
         str,
         typer.Option(
@@ -297,7 +305,11 @@ def fit_cmd(
         raise typer.BadParameter(f"--level-halflife-s {level_halflife_s}: must be >= 0 seconds (0 = off)")
     schema = POOL_SCHEMA if pool_features else DEFAULT_SCHEMA
     if level_halflife_s > 0:
-        schema = dataclasses.replace(schema, version=LEVEL_SCHEMA_VERSION, level_halflife_s=level_halflife_s)
+        if level_of not in ("own", "arrivals"):
+            raise typer.BadParameter(f"--level-of {level_of!r}: one of own, arrivals")
+        schema = dataclasses.replace(
+            schema, version=LEVEL_SCHEMA_VERSION, level_halflife_s=level_halflife_s, level_of=level_of
+        )
     masking = MaskingConfig()
     augment = AugmentConfig(
         rate_range=(rates[0], rates[1]),

@@ -221,3 +221,31 @@ def test_doctor_accepts_a_level_relative_checkpoint_and_still_rejects_other_sche
     save_checkpoint(path, net, odd, Normalizer.identity(odd), 5.0)
     check = judge_checkpoint(path, read_checkpoint_header(path), None, None, 1.0, is_default=False)
     assert check.verdict == "fail" and "time_features" in check.detail, check
+
+
+def test_level_of_arrivals_makes_every_rate_relative_to_the_arrival_level() -> None:
+    schema = dataclasses.replace(LEVEL_SCHEMA, level_of="arrivals")
+    assert FeatureSchema.from_dict(schema.to_dict()) == schema
+    assert any("level_of" in d for d in LEVEL_SCHEMA.diff(schema))
+    with pytest.raises(FeatureError, match="level_of"):
+        dataclasses.replace(LEVEL_SCHEMA, level_of="tokens")
+    x, mask = _series(2, 40, 7, drop=0.0)
+    levels = level_series(x, mask, schema)
+    own = level_series(x, mask, LEVEL_SCHEMA)
+    for k in range(len(TARGETS)):
+        np.testing.assert_allclose(levels[..., k], own[..., 0])  # the arrival level for every target
+    x_off, y_off = level_offsets(levels, schema, 5.0)
+    p = CHANNELS.index("prompt_tps")
+    np.testing.assert_allclose(x_off[..., p], np.log1p(own[..., 0]))
+    np.testing.assert_allclose(y_off[..., 1], np.log1p(5.0 * own[..., 0]))
+    # an identity model forecasts horizon × arrival level for every target; scaling the rates scales it
+    torch.manual_seed(0)
+    net = LstmAttentionNet(schema.n_inputs, hidden=8, heads=2, window=5)
+    with torch.no_grad():
+        for prm in net.parameters():
+            prm.zero_()
+    f = LearnedForecaster(net, schema, Normalizer.identity(schema), 5.0, "arr")
+    times = T0_S + np.arange(40.0)
+    base = f.predict_sequence(x, mask, times).get("prompt_tokens", 0.5)
+    np.testing.assert_allclose(base, 5.0 * own[..., 0], rtol=1e-9)
+    np.testing.assert_allclose(f.predict_sequence(x * 10.0, mask, times).get("prompt_tokens", 0.5), 10 * base)
