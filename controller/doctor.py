@@ -434,9 +434,9 @@ def judge_checkpoint(
         trained = trained_channel_names(doc["normalizer"])
     except (FeatureError, KeyError, TypeError, ValueError) as err:
         return Check(name, "fail", f"{path}: invalid metadata: {err}", "retrain or re-export the checkpoint")
-    diffs = (
-        [] if schema == POOL_SCHEMA else DEFAULT_SCHEMA.diff(schema)
-    )  # both schemas load (v2: pool descriptors)
+    # v2 (pool descriptors) and v3 (level-relative inputs) add inputs the forecaster computes itself
+    computed_only = replace(schema, version=DEFAULT_SCHEMA.version, descriptors=(), level_halflife_s=0.0)
+    diffs = [] if schema == POOL_SCHEMA or computed_only == DEFAULT_SCHEMA else DEFAULT_SCHEMA.diff(schema)
     ident = f"{path.name} {doc.get('model_version', '?')} (horizon {doc.get('horizon_s', '?')} s)"
     if diffs:
         return Check(

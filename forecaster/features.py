@@ -15,6 +15,12 @@ Pipeline, per node:
 Targets (:func:`future_sums`, :func:`trace_targets`) are totals over ``(t, t + horizon_s]``; the network
 predicts them in normalised space ``(log1p(total) - target_mean) / target_std`` (see ``Normalizer``).
 Quantiles commute with monotone maps, so a p90 learned in that space decodes to the p90 of the total.
+
+Level-relative schemas (version 3, ``FeatureSchema.level_halflife_s > 0``, :data:`LEVEL_SCHEMA`): the three
+rate channels and the targets are taken relative to the node's own trailing level in log space
+(``log1p(x) - log1p(level)``, ``log1p(total) - log1p(horizon_s * level)``) before standardising, and the
+arrival level itself is one extra input; see "Level-relative encoding" below. A rate level never seen in
+training then maps to familiar inputs, and the decoded totals follow the level.
 """
 
 from __future__ import annotations
@@ -32,6 +38,18 @@ FEATURE_SCHEMA_VERSION = 1
 #: Schema version 2 adds per-pool workload descriptors (``FeatureSchema.descriptors``); version-1 schemas
 #: (no descriptors) stay valid, so older checkpoints load unchanged.
 POOL_SCHEMA_VERSION = 2
+#: Schema version 3 adds level-relative rate inputs and targets (``FeatureSchema.level_halflife_s``); older
+#: schemas (absolute inputs) stay valid, so older checkpoints load and run unchanged.
+LEVEL_SCHEMA_VERSION = 3
+
+# Level-relative encoding (schema v3, see ``level_series``): the extra input appended last, the trailing
+# arrival level on a fixed affine map (no fitted statistics: a rate never seen in training is encoded the
+# same way, not standardised by training data): (log1p(level req/s) - 2) / 2 → 1 req/s ≈ -0.65, 100 ≈ 1.3.
+LEVEL_FEATURE = "arrival_level"
+LEVEL_SOURCES: tuple[str, ...] = ("own", "arrivals")
+_LEVEL_CENTER, _LEVEL_SCALE = 2.0, 2.0
+# Rates above this are not measurements (garbage such as 1e300): they never enter a level.
+_MAX_RATE = 1e12
 
 # Per-pool workload descriptors: exponentially weighted over the node's own history (half-life
 # POOL_HALFLIFE_S), computed by the forecaster itself from the arrival / token rate channels (see
@@ -71,6 +89,15 @@ METRIC_SOURCES: dict[str, tuple[str, str]] = {
 MAX_ABS_Z = 1e6
 
 
+#: The input channel that measures each target's rate (the baseline skip smooths it, see
+#: forecaster.network; the level-relative encoding divides by its trailing level).
+TARGET_CHANNELS: dict[str, str] = {
+    "arrivals": "arrival_rps",
+    "prompt_tokens": "prompt_tps",
+    "gen_tokens": "gen_tps",
+}
+
+
 class FeatureError(ValueError):
     """Inputs that cannot be turned into features; the message names the argument or field."""
 
@@ -90,8 +117,38 @@ class FeatureSchema:
     step_s: float = 1.0
     version: int = FEATURE_SCHEMA_VERSION
     descriptors: tuple[str, ...] = ()
+    #: > 0: level-relative encoding (schema v3) with a trailing level of this half-life (seconds); 0 = off.
+    level_halflife_s: float = 0.0
+    #: Whose level each target is relative to: ``"own"`` (its own rate channel's) or ``"arrivals"`` (the
+    #: arrival rate's, for all: token inputs then read as tokens per request, token targets follow arrivals).
+    level_of: str = "own"
 
     def __post_init__(self) -> None:
+        if self.level_of not in LEVEL_SOURCES:
+            raise FeatureError(
+                f"FeatureSchema.level_of must be one of {LEVEL_SOURCES}, got {self.level_of!r}"
+            )
+        if not (self.level_halflife_s >= 0 and math.isfinite(self.level_halflife_s)):
+            raise FeatureError(
+                f"FeatureSchema.level_halflife_s must be >= 0 seconds (0 = off), got {self.level_halflife_s}"
+            )
+        if self.level_halflife_s > 0:
+            if self.version < LEVEL_SCHEMA_VERSION:
+                raise FeatureError(
+                    f"FeatureSchema.level_halflife_s needs version >= {LEVEL_SCHEMA_VERSION}, got version "
+                    f"{self.version}"
+                )
+            lacking = [
+                t
+                for t in self.targets
+                if TARGET_CHANNELS.get(t) is None or TARGET_CHANNELS[t] not in self.channels
+            ]
+            if lacking or "arrivals" not in self.targets:
+                raise FeatureError(
+                    f"FeatureSchema.level_halflife_s: every target needs its rate channel ({TARGET_CHANNELS}) "
+                    f"and 'arrivals' must be a target; targets {list(self.targets)} lack {lacking}, "
+                    f"channels {list(self.channels)}"
+                )
         bad = [d for d in self.descriptors if d not in POOL_DESCRIPTORS]
         if bad or len(set(self.descriptors)) != len(self.descriptors):
             raise FeatureError(
@@ -121,13 +178,25 @@ class FeatureSchema:
     @property
     def n_inputs(self) -> int:
         """Width ``F_in`` of the encoded input vector."""
-        return len(self.channels) + sum(self.masked) + len(self.time_features) + len(self.descriptors)
+        return (
+            len(self.channels)
+            + sum(self.masked)
+            + len(self.time_features)
+            + len(self.descriptors)
+            + int(self.level_halflife_s > 0)
+        )
+
+    @property
+    def level_relative(self) -> bool:
+        """Whether rate inputs and targets are encoded relative to a trailing level (schema v3)."""
+        return self.level_halflife_s > 0
 
     @property
     def input_names(self) -> tuple[str, ...]:
         """Name of every column of the encoded input, in order."""
         masks = tuple(f"{c}_mask" for c, m in zip(self.channels, self.masked, strict=True) if m)
-        return self.channels + masks + self.time_features + self.descriptors
+        level = (LEVEL_FEATURE,) if self.level_relative else ()
+        return self.channels + masks + self.time_features + self.descriptors + level
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,6 +207,11 @@ class FeatureSchema:
             "step_s": self.step_s,
             "version": self.version,
             **({"descriptors": list(self.descriptors)} if self.descriptors else {}),
+            **(
+                {"level_halflife_s": self.level_halflife_s, "level_of": self.level_of}
+                if self.level_relative
+                else {}
+            ),
         }
 
     @classmethod
@@ -155,6 +229,8 @@ class FeatureSchema:
             step_s=float(d["step_s"]),
             version=int(d["version"]),
             descriptors=tuple(str(x) for x in d.get("descriptors", ())),
+            level_halflife_s=float(d.get("level_halflife_s", 0.0)),
+            level_of=str(d.get("level_of", "own")),
         )
 
     def diff(self, other: FeatureSchema) -> list[str]:
@@ -174,6 +250,10 @@ class FeatureSchema:
             out.append(f"masked: mask flag differs for {flips}")
         if self.step_s != other.step_s:
             out.append(f"step_s: {self.step_s} != {other.step_s}")
+        if self.level_halflife_s != other.level_halflife_s:
+            out.append(f"level_halflife_s: {self.level_halflife_s} != {other.level_halflife_s}")
+        if self.level_of != other.level_of:
+            out.append(f"level_of: {self.level_of} != {other.level_of}")
         return out
 
 
@@ -182,13 +262,8 @@ _DESCRIPTOR_INPUTS = ("arrival_rps", "prompt_tps", "gen_tps")
 DEFAULT_SCHEMA = FeatureSchema()
 #: DEFAULT_SCHEMA plus the per-pool workload descriptors (issue 8), schema version 2.
 POOL_SCHEMA = FeatureSchema(version=POOL_SCHEMA_VERSION, descriptors=POOL_DESCRIPTORS)
-
-#: The input channel that measures each target's rate (the baseline skip smooths it; see forecaster.network).
-TARGET_CHANNELS: dict[str, str] = {
-    "arrivals": "arrival_rps",
-    "prompt_tokens": "prompt_tps",
-    "gen_tokens": "gen_tps",
-}
+#: DEFAULT_SCHEMA with level-relative rate inputs and targets (schema version 3), level half-life 30 s.
+LEVEL_SCHEMA = FeatureSchema(version=LEVEL_SCHEMA_VERSION, level_halflife_s=30.0)
 
 
 def baseline_columns(schema: FeatureSchema = DEFAULT_SCHEMA) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -290,10 +365,15 @@ class Normalizer:
         schema: FeatureSchema = DEFAULT_SCHEMA,
         train_end: int | None = None,
         horizon_steps: int = 0,
+        input_offsets: np.ndarray | None = None,
+        target_offsets: np.ndarray | None = None,
     ) -> Normalizer:
         """Fit statistics on the observed entries of the training data.
 
         ``x_raw``/``mask``: ``[..., T, C]``; ``targets``: ``[..., T, K]`` totals (NaN = unknown).
+        ``input_offsets`` ``[..., T, C]`` / ``target_offsets`` ``[..., T, K]`` (level-relative schemas, from
+        :func:`level_offsets`) are subtracted in log space before the statistics are taken; a NaN target
+        offset makes that target unknown.
         With ``train_end``, only time steps ``t < train_end`` are read for inputs and only
         ``t < train_end - horizon_steps`` for targets (a target at t sums data up to t + horizon_steps),
         so nothing at or after ``train_end`` (the validation split) influences the statistics.
@@ -307,14 +387,29 @@ class Normalizer:
             )
         if targets.shape[-1] != k or targets.shape[:-1] != x_raw.shape[:-1]:
             raise FeatureError(f"targets has shape {targets.shape}, expected {(*x_raw.shape[:-1], k)}")
+        x_off = (
+            np.zeros(x_raw.shape) if input_offsets is None else np.asarray(input_offsets, dtype=np.float64)
+        )
+        y_off = (
+            np.zeros(targets.shape)
+            if target_offsets is None
+            else np.asarray(target_offsets, dtype=np.float64)
+        )
+        if x_off.shape != x_raw.shape or y_off.shape != targets.shape:
+            raise FeatureError(
+                f"input_offsets {x_off.shape} / target_offsets {y_off.shape} must match x_raw {x_raw.shape} "
+                f"/ targets {targets.shape}"
+            )
         if train_end is not None:
             x_raw, mask = x_raw[..., :train_end, :], mask[..., :train_end, :]
+            x_off = x_off[..., :train_end, :]
             targets = targets[..., : max(train_end - horizon_steps, 0), :]
+            y_off = y_off[..., : max(train_end - horizon_steps, 0), :]
         log1p = np.array([ch not in _LINEAR_CHANNELS for ch in schema.channels])
-        xt = _transform(x_raw.reshape(-1, c), log1p)
+        xt = _transform(x_raw.reshape(-1, c), log1p) - x_off.reshape(-1, c)
         ok = mask.reshape(-1, c) & np.isfinite(xt)
         mean, std = _masked_stats(xt, ok)
-        yt = np.log1p(np.where(targets >= 0, targets, np.nan)).reshape(-1, k)
+        yt = (np.log1p(np.where(targets >= 0, targets, np.nan)) - y_off).reshape(-1, k)
         t_mean, t_std = _masked_stats(yt, np.isfinite(yt))
         return cls(
             channels=schema.channels,
@@ -326,32 +421,47 @@ class Normalizer:
             target_std=tuple(float(v) for v in t_std),
         )
 
-    def normalize_inputs(self, x_raw: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def normalize_inputs(
+        self, x_raw: np.ndarray, mask: np.ndarray, offsets: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``[..., C]`` raw → (normalised float64 with 0 where unobserved, effective bool mask).
 
-        The effective mask also drops non-finite values, negatives in log1p channels (a negative rate or
-        count is not a measurement) and values more than ``MAX_ABS_Z`` standard deviations from the training
-        mean (garbage such as 1e300; it would overflow float32): all are treated as unknown, never clipped.
+        ``offsets`` ``[..., C]`` (level-relative schemas: :func:`level_offsets`) are subtracted after the
+        log1p, before standardising. The effective mask also drops non-finite values, negatives in log1p
+        channels (a negative rate or count is not a measurement) and values more than ``MAX_ABS_Z``
+        standard deviations from the training mean (garbage such as 1e300; it would overflow float32): all
+        are treated as unknown, never clipped.
         """
         z = _transform(x_raw, self._arrays["log1p"])
+        if offsets is not None:
+            z = z - offsets
         with np.errstate(over="ignore", invalid="ignore"):
             z = (z - self._arrays["mean"]) / self._arrays["std"]
             ok = np.asarray(mask, dtype=bool) & (np.abs(z) <= MAX_ABS_Z)
         return np.where(ok, z, 0.0), ok
 
-    def normalize_targets(self, totals: np.ndarray) -> np.ndarray:
-        """Totals ``[..., K]`` (NaN = unknown) → normalised targets (NaN stays NaN)."""
+    def normalize_targets(self, totals: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
+        """Totals ``[..., K]`` (NaN = unknown) → normalised targets (NaN stays NaN).
+
+        ``offsets`` ``[..., K]`` (level-relative: :func:`level_offsets`) are subtracted in log space; a NaN
+        offset (no level yet) makes the target unknown."""
         t = np.asarray(totals, dtype=np.float64)
         y = np.log1p(np.where(t >= 0, t, np.nan))
+        if offsets is not None:
+            y = y - offsets
         out: np.ndarray = (y - self._arrays["target_mean"]) / self._arrays["target_std"]
         return out
 
-    def denormalize_targets(self, y: np.ndarray) -> np.ndarray:
-        """Normalised values ``[..., K]`` → totals (counts / tokens), clipped at 0 (totals are never negative)."""
-        t = np.expm1(
-            np.asarray(y, dtype=np.float64) * self._arrays["target_std"] + self._arrays["target_mean"]
-        )
-        out: np.ndarray = np.maximum(t, 0.0)
+    def denormalize_targets(self, y: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
+        """Normalised values ``[..., K]`` → totals (counts / tokens), clipped at 0 (totals are never negative).
+
+        ``offsets`` ``[..., K]``: the ones :meth:`normalize_targets` subtracted (NaN → NaN total)."""
+        logs = np.asarray(y, dtype=np.float64) * self._arrays["target_std"] + self._arrays["target_mean"]
+        if offsets is not None:
+            logs = logs + offsets
+        with np.errstate(over="ignore"):
+            t = np.expm1(logs)
+        out: np.ndarray = np.where(np.isnan(t), np.nan, np.maximum(t, 0.0))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -493,6 +603,109 @@ class DescriptorState:
         return _descriptors_from_sums(self.sums, self.schema)
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Level-relative encoding (schema version 3)
+#
+# For each target k with rate channel c_k (TARGET_CHANNELS): a masked, causal EWMA of the node's own rate,
+# ``level = S / W`` with ``S <- d S + (1 - d) m x`` and ``W <- d W + (1 - d) m`` (m = observed, d =
+# 0.5 ** (step_s / level_halflife_s), both 0 before the first step): unbiased from the first observation (no
+# warm-up), frozen while the channel is unobserved, NaN until it has been observed once. Then:
+#   input  z_c = (log1p(x_c) - log1p(level_k) - mean_c) / std_c          (statistics of the relative values)
+#   target y_k = (log1p(total_k) - log1p(horizon_s * level_k) - target_mean_k) / target_std_k
+# and one extra input, LEVEL_FEATURE = (log1p(arrival level) - 2) / 2 (0 while unknown), so the model can
+# still learn level-dependent noise (Poisson noise shrinks relatively as the rate grows). Scaling a
+# series' rates by k scales its levels by k, so at rates well above 1/s the relative inputs are unchanged
+# and the decoded totals scale by k: a new rate level is not out of the training distribution.
+# A target whose channel has never been observed has no level: it is not scored in training and is NaN
+# when forecast. Other channels (running, waiting, KV usage, latencies) keep the absolute encoding.
+
+
+def _rate_columns(schema: FeatureSchema) -> list[int]:
+    """Each target's own rate channel (the inputs made relative)."""
+    return [schema.channels.index(TARGET_CHANNELS[t]) for t in schema.targets]
+
+
+def _level_columns(schema: FeatureSchema) -> list[int]:
+    """The channel whose level each target is relative to (``FeatureSchema.level_of``)."""
+    if schema.level_of == "arrivals":
+        return [schema.channels.index("arrival_rps")] * len(schema.targets)
+    return _rate_columns(schema)
+
+
+def _level_terms(x_raw: np.ndarray, mask: np.ndarray, schema: FeatureSchema) -> np.ndarray:
+    """``[..., C]`` → ``[..., 2K]``: ``m * x`` of each target's rate channel, then ``m``."""
+    idx = _level_columns(schema)
+    v = np.asarray(x_raw, dtype=np.float64)[..., idx]
+    with np.errstate(invalid="ignore"):
+        ok = np.asarray(mask, dtype=bool)[..., idx] & np.isfinite(v) & (v >= 0) & (v <= _MAX_RATE)
+    m = ok.astype(np.float64)
+    return np.concatenate([np.where(ok, v, 0.0), m], axis=-1)
+
+
+def _levels_from_sums(sums: np.ndarray) -> np.ndarray:
+    k = sums.shape[-1] // 2
+    s, w = sums[..., :k], sums[..., k:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out: np.ndarray = np.where(w > 1e-12, s / w, np.nan)
+    return out
+
+
+def _level_decay(schema: FeatureSchema) -> float:
+    if not schema.level_relative:
+        raise FeatureError("the feature schema has no level-relative encoding (level_halflife_s = 0)")
+    return float(0.5 ** (schema.step_s / schema.level_halflife_s))
+
+
+def level_series(x_raw: np.ndarray, mask: np.ndarray, schema: FeatureSchema = LEVEL_SCHEMA) -> np.ndarray:
+    """Trailing levels of whole series: ``x_raw [..., T, C]`` → ``[..., T, K]`` rates (per second), NaN
+    before a target's channel is first observed. Step t reads steps 0..t (causal); equal to feeding the
+    steps one by one to :class:`LevelState`."""
+    from scipy.signal import lfilter
+
+    d = _level_decay(schema)
+    terms = _level_terms(x_raw, mask, schema)
+    return _levels_from_sums(np.asarray(lfilter([1.0 - d], [1.0, -d], terms, axis=-2)))
+
+
+class LevelState:
+    """Streaming per-node levels: ``2 K`` floats per node, one update per tick for all nodes."""
+
+    def __init__(self, n_nodes: int, schema: FeatureSchema = LEVEL_SCHEMA) -> None:
+        self.schema = schema
+        self.decay = _level_decay(schema)
+        self.sums = np.zeros((n_nodes, 2 * len(schema.targets)))
+
+    def update(self, x_raw: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Consume one step ``x_raw [N, C]`` / ``mask [N, C]`` → levels ``[N, K]``."""
+        self.sums = self.decay * self.sums + (1.0 - self.decay) * _level_terms(x_raw, mask, self.schema)
+        return _levels_from_sums(self.sums)
+
+
+def level_offsets(
+    levels: np.ndarray, schema: FeatureSchema, horizon_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Levels ``[..., K]`` → (input offsets ``[..., C]``, target offsets ``[..., K]``) in log space.
+
+    Input offset of target k's rate channel: ``log1p(level_k)`` (0 while unknown: the value is unobserved
+    then anyway); target offset: ``log1p(horizon_s * level_k)`` (NaN while unknown). Other channels: 0.
+    """
+    lv = np.asarray(levels, dtype=np.float64)
+    if lv.shape[-1] != len(schema.targets):
+        raise FeatureError(
+            f"levels {lv.shape} must end in {len(schema.targets)} targets {list(schema.targets)}"
+        )
+    x_off = np.zeros((*lv.shape[:-1], len(schema.channels)))
+    x_off[..., _rate_columns(schema)] = np.log1p(np.nan_to_num(lv, nan=0.0))
+    return x_off, np.log1p(horizon_s * lv)
+
+
+def level_feature(levels: np.ndarray, schema: FeatureSchema) -> np.ndarray:
+    """The extra input ``[..., 1]``: ``(log1p(arrival level) - 2) / 2``, 0 while unknown."""
+    a = np.asarray(levels, dtype=np.float64)[..., schema.targets.index("arrivals")]
+    z = (np.log1p(np.nan_to_num(a, nan=0.0)) - _LEVEL_CENTER) / _LEVEL_SCALE
+    return np.where(np.isfinite(a), z, 0.0)[..., None]
+
+
 def encode_inputs(
     x_raw: np.ndarray,
     mask: np.ndarray,
@@ -500,12 +713,15 @@ def encode_inputs(
     times_s: np.ndarray | float,
     schema: FeatureSchema = DEFAULT_SCHEMA,
     descriptors: np.ndarray | None = None,
+    levels: np.ndarray | None = None,
 ) -> np.ndarray:
     """Raw channels ``[..., C]`` + mask → float32 network input ``[..., F_in]``.
 
     ``times_s`` broadcasts against the leading dimensions (e.g. ``[T]`` for ``x_raw [N, T, C]``, or a scalar).
     With per-pool descriptors in the schema, ``descriptors [..., D]`` are appended; when None they are
     computed from ``x_raw`` itself, read as whole series from their start (:func:`descriptor_series`).
+    With a level-relative schema, ``levels [..., K]`` (:func:`level_series` / :class:`LevelState`) set the
+    rate channels' offsets and the last input; when None they are computed from ``x_raw`` as whole series.
     """
     if normalizer.channels != schema.channels:
         raise FeatureError(f"normalizer channels {normalizer.channels} != schema channels {schema.channels}")
@@ -514,7 +730,15 @@ def encode_inputs(
         raise FeatureError(
             f"x_raw {x_raw.shape} and mask {np.shape(mask)} must match and end in {len(schema.channels)} channels"
         )
-    z, ok = normalizer.normalize_inputs(x_raw, mask)
+    x_off = None
+    if schema.level_relative:
+        levels = level_series(x_raw, mask, schema) if levels is None else np.asarray(levels)
+        if levels.shape != (*x_raw.shape[:-1], len(schema.targets)):
+            raise FeatureError(
+                f"levels {levels.shape} must be {(*x_raw.shape[:-1], len(schema.targets))} (one per target)"
+            )
+        x_off, _ = level_offsets(levels, schema, 1.0)
+    z, ok = normalizer.normalize_inputs(x_raw, mask, x_off)
     tf = np.broadcast_to(time_features(times_s, schema), (*x_raw.shape[:-1], len(schema.time_features)))
     masks = ok[..., np.asarray(schema.masked, dtype=bool)]
     parts = [z, masks, tf]
@@ -526,6 +750,8 @@ def encode_inputs(
                 f"(schema descriptors {list(schema.descriptors)})"
             )
         parts.append(desc)
+    if schema.level_relative and levels is not None:
+        parts.append(level_feature(levels, schema))
     out: np.ndarray = np.concatenate(parts, axis=-1).astype(np.float32)
     return out
 
@@ -537,17 +763,21 @@ def encode_step(
     now_s: float,
     schema: FeatureSchema = DEFAULT_SCHEMA,
     descriptors: np.ndarray | None = None,
+    levels: np.ndarray | None = None,
 ) -> np.ndarray:
     """One tick for every node: ``x_raw [N, C]``, ``mask [N, C]`` → float32 ``[N, F_in]``.
 
     Identical to a row of :func:`encode_inputs` (the streaming == full-sequence guarantee depends on it).
-    With per-pool descriptors in the schema, pass ``descriptors [N, D]`` (from :class:`DescriptorState`).
+    With per-pool descriptors in the schema, pass ``descriptors [N, D]`` (from :class:`DescriptorState`);
+    with a level-relative schema, ``levels [N, K]`` (from :class:`LevelState`).
     """
     if schema.descriptors and descriptors is None:
         raise FeatureError(
             "encode_step: the schema has per-pool descriptors; pass DescriptorState.update(...)"
         )
-    return encode_inputs(x_raw, mask, normalizer, now_s, schema, descriptors)
+    if schema.level_relative and levels is None:
+        raise FeatureError("encode_step: the schema is level-relative; pass levels=LevelState.update(...)")
+    return encode_inputs(x_raw, mask, normalizer, now_s, schema, descriptors, levels)
 
 
 # ---------------------------------------------------------------------------------------------------------

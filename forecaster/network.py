@@ -355,8 +355,13 @@ def burst_bce(logit: Tensor, target: Tensor, mask: Tensor | None = None, pos_wei
     return (loss * okf).sum() / okf.sum().clamp_min(1.0)
 
 
-def decode_quantiles(quantiles: Tensor | np.ndarray, normalizer: Normalizer) -> np.ndarray:
-    """Normalised quantiles ``[..., K, Q]`` → totals over the horizon (requests / tokens), float64, >= 0."""
+def decode_quantiles(
+    quantiles: Tensor | np.ndarray, normalizer: Normalizer, offsets: np.ndarray | None = None
+) -> np.ndarray:
+    """Normalised quantiles ``[..., K, Q]`` → totals over the horizon (requests / tokens), float64, >= 0.
+
+    ``offsets [..., K]``: the level-relative target offsets (``forecaster.features.level_offsets``), if any."""
     q = quantiles.detach().cpu().numpy() if isinstance(quantiles, Tensor) else np.asarray(quantiles)
     moved = np.moveaxis(q, -1, -2)  # [..., Q, K] so the normaliser's per-target stats broadcast
-    return np.moveaxis(normalizer.denormalize_targets(moved), -2, -1)
+    off = None if offsets is None else np.asarray(offsets)[..., None, :]
+    return np.moveaxis(normalizer.denormalize_targets(moved, off), -2, -1)

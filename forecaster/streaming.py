@@ -31,10 +31,13 @@ from forecaster.checkpoint import LoadedCheckpoint, load_checkpoint
 from forecaster.features import (
     DescriptorState,
     FeatureSchema,
+    LevelState,
     Normalizer,
     descriptor_series,
     encode_inputs,
     encode_step,
+    level_offsets,
+    level_series,
 )
 from forecaster.network import LstmAttentionNet, Output
 from forecaster.types import ForecastBatch
@@ -143,6 +146,8 @@ class LearnedForecaster:
         # the baseline skip's EWMA sums (LstmAttentionNet.baseline_scan), [N, 2K, J]; empty when off
         self._base = torch.zeros(n, 2 * cfg.n_targets if self.net.n_baselines else 0, self.net.n_baselines)
         self._desc = DescriptorState(n, self.schema)  # per-pool descriptors (schema v2); unused when none
+        # trailing levels of the rate channels (schema v3, level-relative encoding); None when off
+        self._level = LevelState(n, self.schema) if self.schema.level_relative else None
 
     def ensure_nodes(self, node_ids: Sequence[str]) -> None:
         """Track exactly these nodes, in this order: known ones keep their state, new ones start fresh."""
@@ -153,7 +158,7 @@ class LearnedForecaster:
             raise ValueError("ensure_nodes: node_ids contain duplicates")
         old = {nid: i for i, nid in enumerate(self._node_ids)}
         h, c, k, v, count, since = self._h, self._c, self._k, self._v, self._count, self._since_obs
-        base, desc = self._base, self._desc
+        base, desc, level = self._base, self._desc, self._level
         tick = self._tick
         self.reset(new_ids)
         self._tick = tick  # kept nodes' ring slots stay where they are
@@ -166,6 +171,8 @@ class LearnedForecaster:
             self._count[dst_idx] = count[src_idx]
             self._base[dst_idx] = base[src_idx]
             self._desc.sums[dst_idx.numpy()] = desc.sums[src_idx.numpy()]
+            if self._level is not None and level is not None:
+                self._level.sums[dst_idx.numpy()] = level.sums[src_idx.numpy()]
             self._since_obs[dst_idx.numpy()] = since[src_idx.numpy()]
 
     def step(self, x: np.ndarray, mask: np.ndarray, now_s: float = math.nan) -> ForecastBatch:
@@ -181,11 +188,15 @@ class LearnedForecaster:
                 f"{len(self.schema.channels)} channels]; call ensure_nodes() when the node set changes"
             )
         desc = self._desc.update(x, mask) if self.schema.descriptors else None
-        z = encode_step(x, mask, self.normalizer, now_s, self.schema, desc)
-        _, ok = self.normalizer.normalize_inputs(x, mask)  # what the encoding counted as observed
+        levels = self._level.update(x, mask) if self._level is not None else None
+        x_off, y_off = (
+            level_offsets(levels, self.schema, self.horizon_s) if levels is not None else (None, None)
+        )
+        z = encode_step(x, mask, self.normalizer, now_s, self.schema, desc, levels)
+        _, ok = self.normalizer.normalize_inputs(x, mask, x_off)  # what the encoding counted as observed
         self._since_obs = np.where(ok.any(axis=1), 0, self._since_obs + 1)
         out = self.step_encoded(torch.from_numpy(z))
-        totals = self._decode(out)
+        totals = self._decode(out, y_off)
         stale = self._since_obs >= self.net.config.window
         totals[stale] = np.nan
         burst = torch.sigmoid(out.burst_logit).numpy().astype(np.float64)
@@ -226,7 +237,11 @@ class LearnedForecaster:
         n, t = x.shape[:2]
         if node_ids is not None and len(node_ids) != n:
             raise ValueError(f"predict_sequence: {len(node_ids)} node_ids for {n} series")
-        _, ok = self.normalizer.normalize_inputs(x, mask)
+        levels = level_series(x, mask, self.schema) if self.schema.level_relative else None
+        x_off, y_off = (
+            level_offsets(levels, self.schema, self.horizon_s) if levels is not None else (None, None)
+        )
+        _, ok = self.normalizer.normalize_inputs(x, mask, x_off)
         steps = np.arange(t)
         last_obs = np.maximum.accumulate(np.where(ok.any(axis=-1), steps, -(10**12)), axis=-1)
         stale = steps - last_obs >= self.net.config.window  # [N, T]
@@ -237,10 +252,13 @@ class LearnedForecaster:
                 hi = min(lo + chunk_nodes, n)
                 m = np.asarray(mask)[lo:hi]
                 desc = descriptor_series(x[lo:hi], m, self.schema) if self.schema.descriptors else None
-                z = encode_inputs(x[lo:hi], m, self.normalizer, times_s, self.schema, desc)
+                lv = levels[lo:hi] if levels is not None else None
+                z = encode_inputs(x[lo:hi], m, self.normalizer, times_s, self.schema, desc, lv)
                 out = self.net(torch.from_numpy(z))
                 q[lo:hi], logit[lo:hi] = out.quantiles.numpy(), out.burst_logit.numpy()
-        totals = np.moveaxis(self.normalizer.denormalize_targets(np.moveaxis(q, -1, -2)), -2, -1)
+        # [N, T, 1, K]: the same offset for every quantile
+        y_q = None if y_off is None else y_off[..., None, :]
+        totals = np.moveaxis(self.normalizer.denormalize_targets(np.moveaxis(q, -1, -2), y_q), -2, -1)
         totals[stale] = np.nan
         burst = 1.0 / (1.0 + np.exp(-logit))
         burst[stale] = np.nan
@@ -254,10 +272,11 @@ class LearnedForecaster:
             model_version=self.model_version,
         )
 
-    def _decode(self, out: Output) -> np.ndarray:
+    def _decode(self, out: Output, offsets: np.ndarray | None = None) -> np.ndarray:
         q = out.quantiles.numpy()  # [N, K, Q] normalised
         moved = np.moveaxis(q, -1, -2)
-        return np.moveaxis(self.normalizer.denormalize_targets(moved), -2, -1)
+        off = None if offsets is None else offsets[:, None, :]  # [N, 1, K]: the same for every quantile
+        return np.moveaxis(self.normalizer.denormalize_targets(moved, off), -2, -1)
 
     @torch.inference_mode()
     def step_encoded(self, z: Tensor) -> Output:

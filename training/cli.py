@@ -180,6 +180,30 @@ def fit_cmd(
             "output lengths over the node's history) so one model learns per-pool differences.",
         ),
     ] = False,
+    level_halflife_s: Annotated[
+        float,
+        typer.Option(
+            "--level-halflife-s",
+            help="Feature schema v3: encode the rate inputs and the targets relative to the node's own "
+            "trailing level (an EWMA of this half-life in seconds, e.g. 30), so a rate never seen in training "
+            "is not out of distribution. 0 = off (absolute inputs, schema v1/v2).",
+        ),
+    ] = 0.0,
+    level_of: Annotated[
+        str,
+        typer.Option(
+            "--level-of",
+            help="With --level-halflife-s: each target relative to its own rate's level ('own') or every "
+            "target and rate input relative to the arrival level ('arrivals').",
+        ),
+    ] = "own",
+    rate_range: Annotated[
+        str,
+        typer.Option(
+            "--rate-range",
+            help="Rate factors of the augmented copies, LOW,HIGH (log-uniform; thinning / superposition).",
+        ),
+    ] = "0.2,12",
     horizon_s: Annotated[
         int, typer.Option("--horizon-s", help="Forecast horizon: totals over the next N seconds.")
     ] = 5,
@@ -251,11 +275,12 @@ def fit_cmd(
 
       train-forecaster fit --prometheus http://127.0.0.1:9090 --range 7d --step 1s --out runs/prod
     """
+    import dataclasses
     import shutil
 
     import numpy as np
 
-    from forecaster.features import DEFAULT_SCHEMA, POOL_SCHEMA
+    from forecaster.features import DEFAULT_SCHEMA, LEVEL_SCHEMA_VERSION, POOL_SCHEMA
     from training.augment import MaskingConfig
     from training.datamodule import WindowConfig
     from training.fit import AugmentConfig, LabelConfig, TrainerConfig, build_series, fit_forecaster
@@ -273,8 +298,21 @@ def fit_cmd(
         holdout_frac=holdout_frac,
         val_frac=val_frac,
     )
+    rates = _float_list(rate_range, "--rate-range")
+    if len(rates) != 2 or not 0 < rates[0] <= rates[1]:
+        raise typer.BadParameter(f"--rate-range {rate_range!r}: give LOW,HIGH with 0 < LOW <= HIGH")
+    if level_halflife_s < 0:
+        raise typer.BadParameter(f"--level-halflife-s {level_halflife_s}: must be >= 0 seconds (0 = off)")
+    schema = POOL_SCHEMA if pool_features else DEFAULT_SCHEMA
+    if level_halflife_s > 0:
+        if level_of not in ("own", "arrivals"):
+            raise typer.BadParameter(f"--level-of {level_of!r}: one of own, arrivals")
+        schema = dataclasses.replace(
+            schema, version=LEVEL_SCHEMA_VERSION, level_halflife_s=level_halflife_s, level_of=level_of
+        )
     masking = MaskingConfig()
     augment = AugmentConfig(
+        rate_range=(rates[0], rates[1]),
         copies_per_source=copies,
         synthetic_traces=synthetic,
         synthetic_duration_s=synthetic_duration_s,
@@ -320,7 +358,7 @@ def fit_cmd(
             num_threads=threads or None,
         ),
         masking=masking,
-        schema=POOL_SCHEMA if pool_features else DEFAULT_SCHEMA,
+        schema=schema,
         horizon_s=float(horizon_s),
         log=lambda m: console.print(m),
         resume=resume,

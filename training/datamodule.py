@@ -18,7 +18,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from forecaster.features import DEFAULT_SCHEMA, FeatureSchema, Normalizer, descriptor_series, encode_inputs
+from forecaster.features import (
+    DEFAULT_SCHEMA,
+    FeatureSchema,
+    Normalizer,
+    descriptor_series,
+    encode_inputs,
+    level_offsets,
+    level_series,
+)
 from training.augment import MaskingConfig, mask_channels
 from training.data import NodeSeries, cut_window, window_starts
 
@@ -74,8 +82,10 @@ class SequenceDataset(Dataset[dict[str, torch.Tensor]]):
         random_time_of_day: bool = False,
         seed: int = 0,
         epoch: int = 0,
+        horizon_s: float = 5.0,
     ) -> None:
         self.series = list(series)
+        self.horizon_s = horizon_s
         self.starts = np.asarray(starts, dtype=np.int64).reshape(-1, 2)
         self.seq_len = seq_len
         self.normalizer = normalizer
@@ -112,10 +122,15 @@ class SequenceDataset(Dataset[dict[str, torch.Tensor]]):
         if not np.isfinite(t0):
             t0 = 0.0  # unknown wall time: midnight (time features carry no information then)
         times = t0 + start * self.schema.step_s + self.schema.step_s * np.arange(self.seq_len)
+        mask = np.isfinite(x_raw)
+        # level-relative schema: the window's own trailing levels, after masking, from its first step (what
+        # a forecaster reset at the window start would hold; the level EWMA has no warm-up bias)
+        levels = level_series(x_raw, mask, self.schema) if self.schema.level_relative else None
         x = encode_inputs(
-            x_raw, np.isfinite(x_raw), self.normalizer, times, self.schema, self._descriptors(s_idx, start)
+            x_raw, mask, self.normalizer, times, self.schema, self._descriptors(s_idx, start), levels
         )
-        y = self.normalizer.normalize_targets(totals).astype(np.float32)
+        y_off = level_offsets(levels, self.schema, self.horizon_s)[1] if levels is not None else None
+        y = self.normalizer.normalize_targets(totals, y_off).astype(np.float32)
         return {"x": torch.from_numpy(x), "y": torch.from_numpy(y), "burst": torch.from_numpy(burst)}
 
 
@@ -129,13 +144,24 @@ def random_starts(lengths: Sequence[int], seq_len: int, n: int, rng: np.random.G
     return np.stack([which.astype(np.int64), starts], axis=1)
 
 
-def fit_normalizer(series: Sequence[NodeSeries], schema: FeatureSchema = DEFAULT_SCHEMA) -> Normalizer:
-    """Normalisation statistics of the given (training) series only."""
+def fit_normalizer(
+    series: Sequence[NodeSeries], schema: FeatureSchema = DEFAULT_SCHEMA, *, horizon_s: float = 5.0
+) -> Normalizer:
+    """Normalisation statistics of the given (training) series only (level-relative schemas: of the values
+    relative to each series' own trailing levels)."""
     if not series:
         raise ValueError("fit_normalizer: no training series")
     x = np.concatenate([s.x_raw for s in series]).astype(np.float64)
     totals = np.concatenate([s.totals for s in series]).astype(np.float64)
-    return Normalizer.fit(x, np.isfinite(x), totals, schema=schema)
+    x_off = y_off = None
+    if schema.level_relative:
+        offs = [
+            level_offsets(level_series(s.x_raw, np.isfinite(s.x_raw), schema), schema, horizon_s)
+            for s in series
+        ]
+        x_off = np.concatenate([o[0] for o in offs])
+        y_off = np.concatenate([o[1] for o in offs])
+    return Normalizer.fit(x, np.isfinite(x), totals, schema=schema, input_offsets=x_off, target_offsets=y_off)
 
 
 class ForecastDataModule(L.LightningDataModule):
@@ -155,8 +181,10 @@ class ForecastDataModule(L.LightningDataModule):
         schema: FeatureSchema = DEFAULT_SCHEMA,
         masking: MaskingConfig | None = MaskingConfig(),
         num_workers: int = 0,
+        horizon_s: float = 5.0,
     ) -> None:
         super().__init__()
+        self.horizon_s = horizon_s
         if not train:
             raise ValueError("ForecastDataModule: no training series")
         self.train_series = list(train)
@@ -187,6 +215,7 @@ class ForecastDataModule(L.LightningDataModule):
             random_time_of_day=True,
             seed=self.config.seed,
             epoch=epoch,
+            horizon_s=self.horizon_s,
         )
 
     def val_dataset(self) -> SequenceDataset:
@@ -202,6 +231,7 @@ class ForecastDataModule(L.LightningDataModule):
             masking=None,
             random_time_of_day=False,
             seed=self.config.seed,
+            horizon_s=self.horizon_s,
         )
 
     def train_dataloader(self) -> DataLoader[dict[str, torch.Tensor]]:

@@ -378,8 +378,10 @@ def fit_forecaster(
     if trainer.num_threads is not None:
         torch.set_num_threads(trainer.num_threads)
     L.seed_everything(window.seed, workers=True, verbose=False)
-    normalizer = fit_normalizer(series.train, schema)
-    dm = ForecastDataModule(series.train, series.val, normalizer, window, schema=schema, masking=masking)
+    normalizer = fit_normalizer(series.train, schema, horizon_s=horizon_s)
+    dm = ForecastDataModule(
+        series.train, series.val, normalizer, window, schema=schema, masking=masking, horizon_s=horizon_s
+    )
     base_inputs, base_masks = baseline_columns(schema) if net_baseline_halflives else ((), ())
     net_cfg = NetConfig(
         n_inputs=schema.n_inputs,

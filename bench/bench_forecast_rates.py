@@ -1,0 +1,189 @@
+"""Forecast accuracy off the training rates: shipped checkpoint vs candidates vs baselines, one run.
+
+Run: ``.venv/bin/python bench/bench_forecast_rates.py --candidates NAME=PATH ... [--json OUT] [--work DIR]``
+
+Rows, each scored by ``training.evaluate.evaluate`` (the function behind ``train-forecaster evaluate``; the
+learned models run their full-sequence forward, equal to stepping — tests/training/test_fit_variants.py):
+
+* held-out real traffic: the bundled Azure 2023 code / conv traces, last 30 % (never read by ``fit`` at
+  ``--holdout-frac 0.3``), ``--score-from 70%``;
+* rates and traces never trained on, built by ``serving.workload.variants`` into ``--work``:
+  ``burstgpt_30min_int_seconds_crlf`` (5 req/s MMPP, BurstGPT CSV), ``azure_code_x0.25`` (thinned),
+  ``azure_code_x4`` (4 jittered copies), ``burstgpt_2h_30rps`` (30 req/s; its first ``--long-slice-s``
+  seconds), and the conv trace at ×0.1 and ×10 (``variants.thin`` / ``variants.superpose``). Each is scored
+  from a third of its span (``--score-from +S``, as bench/bench_unseen.py does), like
+  ``train-forecaster evaluate FILE --score-from +S --checkpoint C``.
+
+Baselines (last value, EWMA, Holt, seasonal-naive, ARIMA) are scored once per trace; ARIMA is skipped on
+traces longer than ``--arima-max-s`` (too slow on these cores; the table says where). Columns: mean rate,
+the best baseline and its next-5-s arrivals MAE, then each model's MAE and its ratio to the best baseline.
+A second table gives the p90 side (what the predictive policy sizes on): each model's pinball loss at 0.9
+and coverage, beside the baseline with the lowest pinball loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from serving.workload.readers import read_trace  # noqa: E402
+from serving.workload.trace import Trace  # noqa: E402
+from training.evaluate import default_checkpoint, evaluate  # noqa: E402
+
+AZURE = {
+    "code": "AzureLLMInferenceTrace_code.dev_before_1850.csv",
+    "conv": "AzureLLMInferenceTrace_conv.dev_before_1850.csv",
+}
+SEARCH = (ROOT / "datasets" / "azure2023", ROOT.parent / "shared" / "datasets" / "azure2023")
+VARIANTS = ("burstgpt_30min_int_seconds_crlf", "azure_code_x0.25", "azure_code_x4", "burstgpt_2h_30rps")
+
+
+def _find(name: str) -> Path:
+    for d in SEARCH:
+        if (d / name).is_file():
+            return d / name
+    raise SystemExit(f"trace {name} not found under {[str(d) for d in SEARCH]}")
+
+
+def build_traces(work: Path, long_slice_s: float) -> dict[str, tuple[Trace, str]]:
+    """name → (trace, score_from)."""
+    import warnings
+
+    from serving.workload.variants import build_variants, superpose, thin
+
+    out: dict[str, tuple[Trace, str]] = {}
+    for key, name in AZURE.items():
+        out[f"{key} hold-out"] = (read_trace(_find(name)), "70%")
+    variants = {v.name: v for v in build_variants(work, long=True)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # integer-second BurstGPT rows re-sorted: reported elsewhere
+        for name in VARIANTS:
+            t = read_trace(variants[name].path)
+            if name == "burstgpt_2h_30rps" and t.duration_s > long_slice_s:
+                t0 = float(t.arrival_s[0])
+                t = t.window(t0, t0 + long_slice_s)
+                name = f"{name}[:{long_slice_s:.0f}s]"
+            out[name] = (t, f"+{int(t.duration_s // 3)}")
+    conv = read_trace(_find(AZURE["conv"]))
+    for label, t in (
+        ("azure_conv_x0.1", thin(conv, 0.1, 0)),
+        ("azure_conv_x10", superpose(conv, 10, 1.0, 0)),
+    ):
+        out[label] = (t, f"+{int(t.duration_s // 3)}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--candidates", nargs="*", default=[], help="NAME=PATH checkpoints beside the shipped one"
+    )
+    ap.add_argument("--no-shipped", action="store_true", help="leave the shipped checkpoint out")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/w4v"), help="where the variant files are written")
+    ap.add_argument("--long-slice-s", type=float, default=2400.0, help="seconds of burstgpt_2h_30rps scored")
+    ap.add_argument("--arima-max-s", type=float, default=2400.0, help="no ARIMA on traces longer than this")
+    ap.add_argument("--json", type=Path, help="also write every figure as JSON here")
+    args = ap.parse_args()
+
+    import torch
+
+    from forecaster.streaming import LearnedForecaster
+
+    torch.set_num_threads(1)
+    models: dict[str, LearnedForecaster] = {}
+    ckpt = default_checkpoint()
+    if ckpt is not None and not args.no_shipped:
+        models["shipped"] = LearnedForecaster.load(ckpt)
+    for spec in args.candidates:
+        name, _, path = spec.partition("=")
+        if not path:
+            raise SystemExit(f"--candidates takes NAME=PATH, got {spec!r}")
+        models[name] = LearnedForecaster.load(Path(path))
+    if not models:
+        raise SystemExit("no model to score: give --candidates NAME=PATH (and/or keep the shipped one)")
+    traces = build_traces(args.work, args.long_slice_s)
+    names = list(models)
+    head = "| trace | req/s | score from | best baseline | MAE | " + " | ".join(
+        f"{n} MAE | {n} / best" for n in names
+    )
+    lines = [head + " |", "|" + "---|" * (5 + 2 * len(names))]
+    doc: dict[str, Any] = {}
+    p90_lines = [
+        "| trace | best p90 baseline | pinball p90 | coverage | "
+        + " | ".join(f"{n} pinball p90 | {n} coverage" for n in names)
+        + " |",
+        "|" + "---|" * (4 + 2 * len(names)),
+    ]
+    for key, (trace, score_from) in traces.items():
+        t0 = time.perf_counter()
+        arima = trace.duration_s <= args.arima_max_s
+        base = evaluate(trace, score_from=score_from, with_arima=arima, use_default_checkpoint=False)
+        best_name = min(base.models, key=lambda k: base.models[k].mae)
+        best = base.models[best_name].mae
+        pin_name = min(base.models, key=lambda k: base.models[k].pinball_p90)
+        best_pin = base.models[pin_name].pinball_p90
+        p90_cells: list[str] = []
+        rate = len(trace) / max(trace.duration_s, 1.0)
+        row: dict[str, Any] = {
+            "rate_rps": rate,
+            "score_from": score_from,
+            "scored_points": base.scored_points,
+            "arima": arima,
+            "noise_floor": base.noise_floor_mae,
+            "baselines": {k: v.mae for k, v in base.models.items()},
+            "best_baseline": best_name,
+            "pinball_p90_baselines": {k: v.pinball_p90 for k, v in base.models.items()},
+            "best_pinball_baseline": pin_name,
+        }
+        cells = []
+        for name, lf in models.items():
+            r = evaluate(trace, score_from=score_from, with_arima=False, learned=lf, offline=True)
+            mae = r.models["learned"].mae
+            pin = r.models["learned"].pinball_p90
+            row[name] = {
+                "mae": mae,
+                "ratio_best_baseline": mae / best,
+                "coverage_p90": r.models["learned"].coverage_p90,
+                "pinball_p90": pin,
+                "pinball_p90_ratio_best": pin / best_pin,
+            }
+            p90_cells.append(f"{pin:.2f} | {r.models['learned'].coverage_p90:.3f}")
+            cells.append(f"{mae:.2f} | {mae / best:.3f}")
+        doc[key] = row
+        label = best_name + ("" if arima else " (no ARIMA)")
+        lines.append(
+            f"| {key} | {rate:.1f} | {score_from} | {label} | {best:.2f} | " + " | ".join(cells) + " |"
+        )
+        p90_lines.append(
+            f"| {key} | {pin_name} | {best_pin:.2f} | {base.models[pin_name].coverage_p90:.3f} | "
+            + " | ".join(p90_cells)
+            + " |"
+        )
+        print(f"{key}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    geo = []
+    for name in names:
+        unseen = [doc[k][name]["ratio_best_baseline"] for k in doc if "hold-out" not in k]
+        geo.append(math.exp(sum(math.log(v) for v in unseen) / len(unseen)) if unseen else float("nan"))
+    lines.append(
+        "| geometric mean of / best, unseen rows | | | | | " + " | ".join(f" | {g:.3f}" for g in geo) + " |"
+    )
+    print("\n".join(lines))
+    print(
+        "\np90 (what the predictive policy sizes on): pinball loss at 0.9 and coverage, next-5-s arrivals\n"
+    )
+    print("\n".join(p90_lines))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
