@@ -26,7 +26,8 @@ class PolicyConfig(BaseModel):
     ``queue_persist_s``, ``load_smoothing_s``, ``burst_hold``, ``short_burst_cap``, ``offered_at_arrival``)
     ship defaults chosen by the side-by-side replays of ``bench/bench_policies.py`` (docs/BENCHMARKS.md,
     "Scaling policies side by side"); setting them to 'flat', 0, 0, 'off', ``queue_persist_s=3600``, 0,
-    'off', False and True gives the seed's policy back."""
+    'off', False and True gives the seed's policy back. ``burst_reserve_level='tick'`` gives session 3's
+    burst reserve back."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -72,6 +73,16 @@ class PolicyConfig(BaseModel):
             " raises the active target to it, 'standby' keeps the difference warm as standby (promoted on an"
             " alert; measured worse: standby costs the same GPU-seconds and serves 5 s later), 'off' leaves it"
             " out. Measured on the Azure code trace: 58.6 % -> 90.8 % SLO (98.3 % after the first 10 min)"
+        ),
+    )
+    burst_reserve_level: Literal["block", "tick"] = Field(
+        "block",
+        description=(
+            "the load the burst reserve stacks the observed rise on: 'block' (shipped default) = the need's"
+            " mean over the last 5-s block (the current block so far, topped up with the previous one), the"
+            " same mean the rises were measured from; 'tick' = this tick's need (session 3's rule: per-second"
+            " noise added to a rise already measured over the noise, and the scale-down window then held the"
+            " top of it)"
         ),
     )
     burst_quantile: float = Field(
@@ -122,6 +133,18 @@ class PolicyConfig(BaseModel):
             " since the last one, is at least burst_hold_probability (inter-burst gap survival over the burst"
             " window; unknown until burst_hold_min_gaps gaps are seen, and held then), for at most"
             " burst_hold_max_s. Traffic without bursts is never held; 'off': the scale-down delay alone"
+        ),
+    )
+    burst_hold_rebuy: bool = Field(
+        True,
+        description=(
+            "False: once the burst hold has let capacity go (the probability of the next"
+            " burst within one cold start fell below burst_hold_probability at some time since the last burst"
+            " after the scale-down delay, checked on a 5-s grid), it does not hold again before the next burst:"
+            " holding again reaches back"
+            " to the burst's peak and starts cold capacity for it. True: the hold follows the hazard as it is"
+            " now (session 3's rule, kept as the default: measured on six workloads, False changes nothing;"
+            " docs/BENCHMARKS.md, 'Cutting cost toward the oracle')"
         ),
     )
     burst_hold_probability: float = Field(

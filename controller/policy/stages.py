@@ -557,6 +557,22 @@ def burst_reserve(
     return (rises[0], rises[1]), (peaks[0], peaks[1])
 
 
+def trailing_need(blocks: tuple[tuple[float, float, float, int], ...]) -> tuple[float, float]:
+    """The (prefill, decode) need's mean over about the last ``NEED_BLOCK_S``: the current block's mean so far,
+    topped up with the previous block's mean for the ticks the current one has not had yet (when that block
+    is the one just before; a gap in the data leaves the current block alone). The burst reserve's rises are
+    measured between block means, so the level they stack on is a block mean too: a single tick's need adds
+    the per-second noise a second time, and the scale-down window holds the top of it. NaN with no block."""
+    if not blocks:
+        return math.nan, math.nan
+    start, p, d, n = blocks[-1]
+    if len(blocks) < 2 or abs(blocks[-2][0] - (start - NEED_BLOCK_S)) > 1e-6:
+        return p, d
+    _, prev_p, prev_d, m = blocks[-2]
+    rest = max(m - n, 0)
+    return (n * p + rest * prev_p) / (n + rest), (n * d + rest * prev_d) / (n + rest)
+
+
 def burst_reserve_stage(
     prefill: int,
     decode: int,
@@ -583,15 +599,16 @@ def burst_reserve_stage(
         state = replace(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
     if cfg.burst_reserve == "off":
         return prefill, decode, (0, 0), replace(state, need_blocks=blocks), ()
+    level = trailing_need(blocks) if cfg.burst_reserve_level == "block" else now_need
     rise, peak = state.reserve
     if opened or (math.isnan(rise[0]) and len(blocks) >= 2):
         rise, peak = burst_reserve(blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom)
     state = replace(state, need_blocks=blocks, reserve=(rise, peak))
-    if not all(_known(x) for x in (*now_need, *rise, *peak)):
+    if not all(_known(x) for x in (*level, *rise, *peak)):
         return prefill, decode, (0, 0), state, ()
     h = 1 + cfg.headroom
     want = [
-        min(math.ceil(min(now_need[i] + rise[i], max(peak[i], now_need[i])) * h - 1e-9), int(MAX_NEED))
+        min(math.ceil(min(level[i] + rise[i], max(peak[i], level[i])) * h - 1e-9), int(MAX_NEED))
         for i in (0, 1)
     ]
     reason = (
@@ -680,7 +697,11 @@ def burst_hold(
     without one (``seen_from_s``, the oldest remembered load block): that quiet time is a censored gap
     longer than a cold start, so the first burst is not held. Never more than ``burst_hold_max_s`` after
     the burst, never without a burst seen, and not after a high load that lasted one cold start or more (a
-    level change, which cold capacity follows: a slow ramp or a sinusoid's crest is not a burst)."""
+    level change, which cold capacity follows: a slow ramp or a sinusoid's crest is not a burst). Unless
+    ``burst_hold_rebuy``, a hold once let go (the hazard below the threshold at some τ' < τ on a 5-s grid, from
+    ``scale_down_delay_s`` on: before that the ordinary window still keeps the burst's targets, so a dip there
+    releases nothing) is not taken up again before the next burst: the window would reach back to the burst's
+    peak and start cold capacity for a burst that, by the same estimate, was not worth keeping warm before."""
     if cfg.burst_hold == "off" or not runs:
         return 0.0, None
     last_start, last_end = runs[-1]
@@ -700,16 +721,28 @@ def burst_hold(
             window,
             f"burst hold: {len(gaps)} gaps between bursts seen (too few to release), {tau:.0f} s since",
         )
-    alive = gaps > tau
-    if not alive.any():
-        return 0.0, None
-    p = float(((gaps <= tau + lead) & alive).sum() / alive.sum())
+    p = gap_hazard(gaps, tau, lead)
     if p < cfg.burst_hold_probability:
         return 0.0, None
+    if not cfg.burst_hold_rebuy:
+        # The scale-down window keeps the burst's targets for scale_down_delay_s after it anyway: a dip of the
+        # hazard inside that releases nothing, so only a dip after it is a release.
+        grid = np.arange(cfg.scale_down_delay_s, tau, NEED_BLOCK_S)
+        if grid.size and min(gap_hazard(gaps, float(t), lead) for t in grid) < cfg.burst_hold_probability:
+            return 0.0, None  # released since the burst: holding again would re-buy it cold
     return window, (
         f"burst hold: P(next burst within {lead:.0f} s | {tau:.0f} s since the last) = {p:.2f}"
         f" over {len(gaps)} gaps → scale-down window {window:.0f} s"
     )
+
+
+def gap_hazard(gaps: np.ndarray, tau: float, lead: float) -> float:
+    """The empirical P(gap <= tau + lead | gap > tau) over the gaps seen: #{tau < g <= tau + lead} / #{g > tau};
+    0 when no gap outlasts ``tau`` (the burst pattern seen says none is coming)."""
+    alive = gaps > tau
+    if not alive.any():
+        return 0.0
+    return float(((gaps <= tau + lead) & alive).sum() / alive.sum())
 
 
 def _is_high(need: float, median: float, headroom: float) -> bool:
