@@ -204,6 +204,18 @@ class PolicyConfig(BaseModel):
             " cleared over it rather than by starting capacity that arrives too late (0 = size for now)"
         ),
     )
+    cold_start_persist_s: float = Field(
+        5.0,
+        ge=0.0,
+        le=600.0,
+        description=(
+            "while no request waits, a scale-up beyond the warm replicas (active, starting and standby) goes"
+            " only as far as the lowest target wanted over this many seconds: capacity started cold serves provision_lead_s"
+            " later, and one started for a one-tick spike of the per-second target was released by the"
+            " scale-down window before it served (mmpp-holdout: 4 such cold starts in 20 quiet minutes)."
+            " Standby promotion is not delayed; 0 = every tick's target starts capacity (session 3's rule)"
+        ),
+    )
     scale_down_delay_s: float = Field(
         60.0, ge=0.0, le=86400.0, description="no scale-down until the target has been lower for this long"
     )

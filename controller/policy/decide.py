@@ -92,6 +92,11 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             if wanted[role] > warm:
                 reasons.append(f"{why_short}: {role} {wanted[role]} → {warm}")
                 wanted[role] = warm
+    # No request waits and the pool has been watched for a cold start: a target above the warm fleet may be a
+    # one-tick spike, and cold capacity follows only a target that lasted. A queue (or an unknown one) is load
+    # already here, and before one cold start of history a spike is not known to be one: no wait then.
+    watched = obs.now_s - seen_from >= cfg.provision_lead_s  # False while seen_from is NaN
+    cold_persist_s = cfg.cold_start_persist_s if obs.waiting_requests == 0 and watched else 0.0
     bounds = {"prefill": (cfg.min_prefill, cfg.max_prefill), "decode": (cfg.min_decode, cfg.max_decode)}
     roles = dict(state.roles)
     final: dict[str, int] = {}
@@ -107,6 +112,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             can_scale_down=obs.complete,
             fast_up=obs.standby.get(role, 0),
             hold_s=hold_s,
+            cold_persist_s=cold_persist_s,
         )
         if why_h:
             reasons.append(why_h)

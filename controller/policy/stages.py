@@ -383,6 +383,7 @@ def hysteresis_stage(
     can_scale_down: bool,
     fast_up: int,
     hold_s: float = 0.0,
+    cold_persist_s: float = 0.0,
 ) -> tuple[int, RoleHistory, str | None]:
     """Stage 7: tolerance band, rate limits and the time-based scale-down delay for one role.
 
@@ -393,6 +394,10 @@ def hysteresis_stage(
     Scale-up is limited to a ramp of (max - min) replicas per ``ramp_up_s``, at least one per decision,
     plus ``fast_up`` replicas that are already warm (standby promotion is not rate-limited).
     ``hold_s`` (a burst hold, see ``burst_hold``) lengthens the scale-down window to that many seconds.
+    Beyond the warm replicas (``current + fast_up``) a scale-up goes only as far as the lowest target wanted
+    over the last ``cold_persist_s`` (0 = no such wait; ``decide`` passes ``cold_start_persist_s`` while no
+    request waits): a cold instance serves ``provision_lead_s`` after it is asked for, and the scale-down
+    window releases one started for a one-tick spike before it ever serves.
     """
     window_s = max(cfg.scale_down_delay_s, hold_s)
     keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
@@ -402,6 +407,14 @@ def hysteresis_stage(
     reason = None
     if current > 0 and abs(target - current) / current <= cfg.tolerance:
         target = current
+    if target > current + fast_up and cold_persist_s > 0:
+        lasting = min(w for t, w in (*kept, (now_s, wanted)) if now_s - t < cold_persist_s)
+        if lasting < target:
+            kept_to = max(lasting, current + fast_up)
+            reason = (
+                f"{role}: cold start only for a target wanted {cold_persist_s:.0f} s: {target} → {kept_to}"
+            )
+            target = kept_to
     if target > current:
         lo, hi = (cfg.min_prefill, cfg.max_prefill) if role == "prefill" else (cfg.min_decode, cfg.max_decode)
         elapsed = now_s - history.last_change_s if math.isfinite(history.last_change_s) else math.inf

@@ -14,6 +14,7 @@ from policy_fixtures import CAP, ctx, obs
 
 from controller.config import PolicyConfig
 from controller.policy import PoolState, decide, stages
+from controller.policy.types import RoleHistory
 
 BLOCK = stages.NEED_BLOCK_S
 Block = tuple[float, float, float, int]
@@ -166,3 +167,70 @@ def test_decide_with_both_cuts_stays_within_the_seed_rules() -> None:
     old = run(PolicyConfig(burst_reserve_level="tick", burst_hold_rebuy=True))
     assert sum(new) <= sum(old)
     assert max(new[100:125]) == max(old[100:125])  # the burst itself gets the same capacity
+
+
+def _hist(*targets: tuple[float, int]) -> RoleHistory:
+    return RoleHistory(last_scale_up_s=-1e9, last_change_s=-1e9, recent_targets=targets)
+
+
+@pytest.mark.parametrize(
+    ("label", "history", "wanted", "fast_up", "persist_s", "target"),
+    [
+        ("a one-tick spike starts no cold capacity", ((96.0, 2), (98.0, 2), (99.0, 2)), 6, 0, 5.0, 2),
+        ("no wait configured: the spike is followed", ((96.0, 2), (98.0, 2), (99.0, 2)), 6, 0, 0.0, 6),
+        ("a target that lasted the wait is followed", ((96.0, 6), (98.0, 6), (99.0, 6)), 6, 0, 5.0, 6),
+        (
+            "it rises only as far as the lowest target of the wait",
+            ((96.0, 4), (98.0, 5), (99.0, 6)),
+            7,
+            0,
+            5.0,
+            4,
+        ),
+        ("targets older than the wait do not count", ((90.0, 2), (99.0, 6)), 6, 0, 5.0, 6),
+        ("warm standby is promoted at once", ((96.0, 2), (98.0, 2), (99.0, 2)), 4, 2, 5.0, 4),
+        ("beyond the standby only the warm part is taken", ((96.0, 2), (98.0, 2), (99.0, 2)), 6, 2, 5.0, 4),
+    ],
+)
+def test_cold_start_waits_for_a_lasting_target(
+    label: str,
+    history: tuple[tuple[float, int], ...],
+    wanted: int,
+    fast_up: int,
+    persist_s: float,
+    target: int,
+) -> None:
+    cfg = PolicyConfig(ramp_up_s=0.0)  # no ramp limit: only the wait shapes the target
+    got, _, _ = stages.hysteresis_stage(
+        "prefill", wanted, 2, 100.0, cfg, _hist(*history), True, fast_up, cold_persist_s=persist_s
+    )
+    assert got == target, label
+
+
+def _spike_plan(cfg: PolicyConfig, *, waiting: float, quiet_s: int) -> int:
+    """Prefill planned at the one tick whose load spikes to 6× after ``quiet_s`` quiet seconds."""
+    state = PoolState()
+    replicas = {"prefill": 1, "decode": 1}
+    plan = None
+    for t in range(quiet_s + 1):
+        rps = 12.0 if t == quiet_s else 2.0
+        o = obs(now_s=float(t), arrival_rps=rps, prompt_tps=rps * 2000.0, gen_tps=rps * 50.0,
+                running_seqs=rps, replicas=dict(replicas), active=dict(replicas),
+                standby={"prefill": 0, "decode": 0}, waiting_requests=waiting if t == quiet_s else 0.0,
+                oldest_wait_s=0.1 if t == quiet_s and waiting else math.nan)  # fmt: skip
+        plan, state = decide(ctx(o, cfg), state)
+        assert plan is not None
+        replicas = {"prefill": plan.prefill, "decode": plan.decode}
+    assert plan is not None
+    return plan.prefill
+
+
+def test_decide_waits_only_in_a_watched_pool_without_a_queue() -> None:
+    cfg = PolicyConfig(standby_decode=0)
+    off = cfg.model_copy(update={"cold_start_persist_s": 0.0})
+    quiet = 300  # more than one cold start (provision_lead_s = 120 s) of history
+    assert _spike_plan(cfg, waiting=0.0, quiet_s=quiet) < _spike_plan(off, waiting=0.0, quiet_s=quiet)
+    # a queue is load already here: no wait
+    assert _spike_plan(cfg, waiting=30.0, quiet_s=quiet) == _spike_plan(off, waiting=30.0, quiet_s=quiet)
+    # under one cold start of history a spike is not known to be one: no wait
+    assert _spike_plan(cfg, waiting=0.0, quiet_s=60) == _spike_plan(off, waiting=0.0, quiet_s=60)
