@@ -8,7 +8,8 @@ Workloads (all replayed through the simulator, llama3-8b/a100, one P/D pool):
   TTFT 3 s / ITL 35 ms (the issue's second goal);
 * ``mmpp``: a synthetic Markov-modulated bursty trace (serving.workload.synthetic, 6x bursts of ~20 s).
 
-Held out (never used to choose a default; run them with ``--workloads mmpp-holdout,mooncake``):
+Held out (never used to choose a default; run them with ``--workloads mmpp-holdout,mooncake``; ``mmpp@SEED`` and
+``mmpp-holdout@SEED`` regenerate either MMPP trace with another seed, for unseen traffic of the same kind):
 
 * ``mmpp-holdout``: another seed, 4x bursts of ~45 s every ~300 s, other length distributions, 1800 s;
 * ``mooncake``: the bundled Mooncake FAST'25 trace (Poisson arrivals, ~15k-token prompts), TTFT 5 s / ITL 50 ms.
@@ -83,7 +84,14 @@ def _azure(kind: str) -> Path:
 
 
 def workload(name: str, duration_s: float | None, sine_period_s: float) -> tuple[Trace, FleetSpec]:
-    """The trace and the fleet (SLOs) of one named workload."""
+    """The trace and the fleet (SLOs) of one named workload. ``mmpp@SEED`` / ``mmpp-holdout@SEED``: the same
+    generator parameters with another seed (unseen traffic of the same kind)."""
+    name, _, seed_text = name.partition("@")
+    seed: int | None = None
+    if seed_text:
+        if name not in ("mmpp", "mmpp-holdout") or not seed_text.isdigit():
+            raise ValueError(f"workload {name}@{seed_text}: only mmpp@SEED and mmpp-holdout@SEED take a seed")
+        seed = int(seed_text)
     if name in ("code", "conv"):
         trace = read_trace(_azure(name))
         if duration_s is not None:
@@ -111,7 +119,7 @@ def workload(name: str, duration_s: float | None, sine_period_s: float) -> tuple
             prompt=LengthDist(median_tokens=1500.0, sigma=0.8, max_tokens=8000),
             output=LengthDist(median_tokens=200.0, sigma=0.8, max_tokens=2000),
         )
-        return generate(params, seed=5), single_pool()
+        return generate(params, seed=5 if seed is None else seed), single_pool()
     if name == "mmpp-holdout":
         # Held out: never used to choose a default. Another seed, longer and rarer bursts, a lower ratio.
         params = SyntheticParams(
@@ -123,7 +131,7 @@ def workload(name: str, duration_s: float | None, sine_period_s: float) -> tuple
             prompt=LengthDist(median_tokens=1000.0, sigma=1.0, max_tokens=8000),
             output=LengthDist(median_tokens=300.0, sigma=0.7, max_tokens=2000),
         )
-        return generate(params, seed=23), single_pool()
+        return generate(params, seed=23 if seed is None else seed), single_pool()
     if name == "mooncake":
         # Held out: the bundled Mooncake FAST'25 trace (Poisson arrivals, ~15k-token prompts). TTFT 1 s is
         # beyond one llama3-8b/a100 prefill of 15k tokens at any load, so the SLO here is TTFT 5 s, ITL 50 ms.
