@@ -741,7 +741,7 @@ def burst_hold(
         # The scale-down window keeps the burst's targets for scale_down_delay_s after it anyway: a dip of the
         # hazard inside that releases nothing, so only a dip after it is a release.
         grid = np.arange(cfg.scale_down_delay_s, tau, NEED_BLOCK_S)
-        if grid.size and min(gap_hazard(gaps, float(t), lead) for t in grid) < cfg.burst_hold_probability:
+        if grid.size and float(gap_hazards(gaps, grid, lead).min()) < cfg.burst_hold_probability:
             return 0.0, None  # released since the burst: holding again would re-buy it cold
     return window, (
         f"burst hold: P(next burst within {lead:.0f} s | {tau:.0f} s since the last) = {p:.2f}"
@@ -749,13 +749,18 @@ def burst_hold(
     )
 
 
+def gap_hazards(gaps: np.ndarray, taus: np.ndarray, lead: float) -> np.ndarray:
+    """The empirical P(gap <= τ + lead | gap > τ) over the gaps seen, for each τ in ``taus``:
+    #{τ < g <= τ + lead} / #{g > τ}; 0 where no gap outlasts τ (the burst pattern seen says none is coming)."""
+    alive = gaps[None, :] > taus[:, None]
+    soon = alive & (gaps[None, :] <= taus[:, None] + lead)
+    n_alive = alive.sum(axis=1)
+    return np.where(n_alive > 0, soon.sum(axis=1) / np.maximum(n_alive, 1), 0.0)
+
+
 def gap_hazard(gaps: np.ndarray, tau: float, lead: float) -> float:
-    """The empirical P(gap <= tau + lead | gap > tau) over the gaps seen: #{tau < g <= tau + lead} / #{g > tau};
-    0 when no gap outlasts ``tau`` (the burst pattern seen says none is coming)."""
-    alive = gaps > tau
-    if not alive.any():
-        return 0.0
-    return float(((gaps <= tau + lead) & alive).sum() / alive.sum())
+    """``gap_hazards`` at one τ."""
+    return float(gap_hazards(gaps, np.asarray([tau], dtype=np.float64), lead)[0])
 
 
 def _is_high(need: float, median: float, headroom: float) -> bool:
