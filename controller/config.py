@@ -208,13 +208,15 @@ class PolicyConfig(BaseModel):
         ge=0.0,
         le=600.0,
         description=(
-            "while no request waits and the pool has been watched for one cold start (provision_lead_s of"
-            " need blocks), a scale-up beyond the warm replicas (active, starting and standby) goes only as far"
+            "prefill only, while no request waits and the pool has been watched for one cold start"
+            " (provision_lead_s of need blocks): a scale-up beyond the warm replicas (active, starting and"
+            " standby) goes only as far"
             " as the lowest target wanted over this many seconds: capacity started cold serves provision_lead_s"
             " later, and one started for a one-tick spike of the per-second target was released by the"
             " scale-down window before it served (mmpp-holdout: 4 such cold starts in 20 quiet minutes)."
-            " Standby promotion is not delayed; 0 = every tick's target starts capacity (session 3's rule)."
-            " Measured: -0.3 to -6 % GPU-s on six workloads at the same SLO (docs/BENCHMARKS.md)"
+            " Standby promotion is not delayed, nor is decode (its overload shows as ITL, no queue lifts the"
+            " wait); 0 = every tick's target starts capacity (session 3's rule). Measured: up to -6 % GPU-s on"
+            " seven workloads at the same SLO (docs/BENCHMARKS.md)"
         ),
     )
     scale_down_delay_s: float = Field(

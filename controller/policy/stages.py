@@ -395,9 +395,9 @@ def hysteresis_stage(
     plus ``fast_up`` replicas that are already warm (standby promotion is not rate-limited).
     ``hold_s`` (a burst hold, see ``burst_hold``) lengthens the scale-down window to that many seconds.
     Beyond the warm replicas (``current + fast_up``) a scale-up goes only as far as the lowest target wanted
-    over the last ``cold_persist_s`` (0 = no such wait; ``decide`` passes ``cold_start_persist_s`` while no
-    request waits): a cold instance serves ``provision_lead_s`` after it is asked for, and the scale-down
-    window releases one started for a one-tick spike before it ever serves.
+    over the last ``cold_persist_s`` (0 = no such wait; ``decide`` passes ``cold_start_persist_s`` for prefill
+    while no request waits): a cold instance serves ``provision_lead_s`` after it is asked for, and the
+    scale-down window releases one started for a one-tick spike before it ever serves.
     """
     window_s = max(cfg.scale_down_delay_s, hold_s)
     keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
@@ -775,8 +775,10 @@ def short_burst(
 ) -> tuple[bool, str | None]:
     """Whether the load is now in a burst that, by the durations of the bursts seen, will most likely be over
     before capacity started now serves (``short_burst_cap``): P(duration > d + lead | duration > d) below
-    ``burst_hold_probability``, d = how long this one has lasted. The current block is judged by its mean so
-    far against the window's median block, as ``update_burst_runs`` judges completed ones."""
+    ``burst_hold_probability``, d = how long this one has lasted. Never once it has lasted a cold start: that
+    is a level cold capacity follows, not a burst (``burst_hold``'s rule; without it the 1800-s sinusoid's first
+    rise, longer than the few short bursts seen, read P = 0 and was capped for minutes). The current block is
+    judged by its mean so far against the window's median block, as ``update_burst_runs`` judges completed ones."""
     if not cfg.short_burst_cap or len(blocks) < 2 or len(runs) < cfg.burst_hold_min_gaps + 1:
         return False, None
     totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
@@ -785,6 +787,8 @@ def short_burst(
         return False, None
     began = runs[-1][0] if runs[-1][1] >= start - 1e-9 else start
     lasted = now_s - began
+    if lasted >= cfg.provision_lead_s:
+        return False, None  # a high load that lasted a cold start is a level, as burst_hold judges it
     durations = np.asarray([b - a for a, b in runs if b < start - 1e-9], dtype=np.float64)
     alive = durations > lasted
     lead = cfg.provision_lead_s

@@ -207,14 +207,16 @@ def test_cold_start_waits_for_a_lasting_target(
     assert got == target, label
 
 
-def _spike_plan(cfg: PolicyConfig, *, waiting: float, quiet_s: int) -> int:
-    """Prefill planned at the one tick whose load spikes to 6× after ``quiet_s`` quiet seconds."""
+def _spike_plan(
+    cfg: PolicyConfig, *, waiting: float, quiet_s: int, role: str = "prefill", spike_rps: float = 12.0
+) -> int:
+    """``role`` planned at the one tick whose load spikes to ``spike_rps`` (6×) after ``quiet_s`` quiet seconds."""
     state = PoolState()
     replicas = {"prefill": 1, "decode": 1}
     plan = None
     for t in range(quiet_s + 1):
-        rps = 12.0 if t == quiet_s else 2.0
-        o = obs(now_s=float(t), arrival_rps=rps, prompt_tps=rps * 2000.0, gen_tps=rps * 50.0,
+        rps = spike_rps if t == quiet_s else 2.0
+        o = obs(now_s=float(t), arrival_rps=rps, prompt_tps=rps * 2000.0, gen_tps=rps * 1000.0,
                 running_seqs=rps, replicas=dict(replicas), active=dict(replicas),
                 standby={"prefill": 0, "decode": 0}, waiting_requests=waiting if t == quiet_s else 0.0,
                 oldest_wait_s=0.1 if t == quiet_s and waiting else math.nan)  # fmt: skip
@@ -222,7 +224,7 @@ def _spike_plan(cfg: PolicyConfig, *, waiting: float, quiet_s: int) -> int:
         assert plan is not None
         replicas = {"prefill": plan.prefill, "decode": plan.decode}
     assert plan is not None
-    return plan.prefill
+    return plan.count(role)
 
 
 def test_decide_waits_only_in_a_watched_pool_without_a_queue() -> None:
@@ -234,3 +236,22 @@ def test_decide_waits_only_in_a_watched_pool_without_a_queue() -> None:
     assert _spike_plan(cfg, waiting=30.0, quiet_s=quiet) == _spike_plan(off, waiting=30.0, quiet_s=quiet)
     # under one cold start of history a spike is not known to be one: no wait
     assert _spike_plan(cfg, waiting=0.0, quiet_s=60) == _spike_plan(off, waiting=0.0, quiet_s=60)
+    # decode never waits: its overload shows as ITL, and no queue would lift the wait
+    spiked = _spike_plan(off, waiting=0.0, quiet_s=quiet, role="decode")
+    assert spiked > _spike_plan(
+        off, waiting=0.0, quiet_s=quiet, role="decode", spike_rps=2.0
+    )  # it raises decode
+    assert _spike_plan(cfg, waiting=0.0, quiet_s=quiet, role="decode") == spiked
+
+
+def test_short_burst_cap_ends_once_the_high_load_lasted_a_cold_start() -> None:
+    """A high load that outlasts every short burst seen and one cold start is a level (a sinusoid's rise):
+    cold capacity follows it, as ``burst_hold`` judges a level."""
+    cfg = PolicyConfig(short_burst_cap=True, burst_hold="survival")
+    short_runs: Runs = ((0.0, 20.0), (100.0, 130.0), (200.0, 215.0))
+    base = 1200.0
+    blocks = tuple((base + i * BLOCK, v, 0.0, 5) for i, v in enumerate([1.0] * 40 + [8.0] * 30))
+    high_since = base + 40 * BLOCK
+    runs = (*short_runs, (high_since, blocks[-2][0] + BLOCK))  # the current high run, still going
+    assert stages.short_burst(runs, blocks, high_since + 30.0, cfg)[0]  # 30 s in: capped
+    assert not stages.short_burst(runs, blocks, high_since + 125.0, cfg)[0]  # past one cold start: a level
