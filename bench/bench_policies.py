@@ -11,7 +11,8 @@ Workloads (all replayed through the simulator, llama3-8b/a100, one P/D pool):
   Poisson arrivals, the sinusoid's lengths and SLOs (a morning rise, not a cycle);
 * ``mmpp-diurnal``: 4x bursts of ~30 s riding a 1800-s diurnal wave (amplitude 0.7), 3600 s (bursts on a rise).
 
-Held out (never used to choose a default; run them with ``--workloads mmpp-holdout,mooncake``):
+Held out (never used to choose a default; run them with ``--workloads mmpp-holdout,mooncake``; ``mmpp@SEED`` and
+``mmpp-holdout@SEED`` regenerate either MMPP trace with another seed, for unseen traffic of the same kind):
 
 * ``mmpp-holdout``: another seed, 4x bursts of ~45 s every ~300 s, other length distributions, 1800 s;
 * ``mooncake``: the bundled Mooncake FAST'25 trace (Poisson arrivals, ~15k-token prompts), TTFT 5 s / ITL 50 ms.
@@ -123,7 +124,14 @@ def ramp_trace(ramp_s: float, seed: int = 13) -> Trace:
 def workload(
     name: str, duration_s: float | None, sine_period_s: float, ramp_s: float = 1200.0
 ) -> tuple[Trace, FleetSpec]:
-    """The trace and the fleet (SLOs) of one named workload."""
+    """The trace and the fleet (SLOs) of one named workload. ``mmpp@SEED`` / ``mmpp-holdout@SEED``: the same
+    generator parameters with another seed (unseen traffic of the same kind)."""
+    name, _, seed_text = name.partition("@")
+    seed: int | None = None
+    if seed_text:
+        if name not in ("mmpp", "mmpp-holdout") or not seed_text.isdigit():
+            raise ValueError(f"workload {name}@{seed_text}: only mmpp@SEED and mmpp-holdout@SEED take a seed")
+        seed = int(seed_text)
     if name == "ramp":
         trace = ramp_trace(ramp_s)
         if duration_s is not None:
@@ -156,7 +164,7 @@ def workload(
             prompt=LengthDist(median_tokens=1500.0, sigma=0.8, max_tokens=8000),
             output=LengthDist(median_tokens=200.0, sigma=0.8, max_tokens=2000),
         )
-        return generate(params, seed=5), single_pool()
+        return generate(params, seed=5 if seed is None else seed), single_pool()
     if name == "mmpp-diurnal":
         # Bursts riding a diurnal wave (added with the ramp detector to check that bursts on a rise are not
         # read as a steeper ramp; never used to choose a default): 4x bursts of ~30 s on a 1800-s cycle.
@@ -183,7 +191,7 @@ def workload(
             prompt=LengthDist(median_tokens=1000.0, sigma=1.0, max_tokens=8000),
             output=LengthDist(median_tokens=300.0, sigma=0.7, max_tokens=2000),
         )
-        return generate(params, seed=23), single_pool()
+        return generate(params, seed=23 if seed is None else seed), single_pool()
     if name == "mooncake":
         # Held out: the bundled Mooncake FAST'25 trace (Poisson arrivals, ~15k-token prompts). TTFT 1 s is
         # beyond one llama3-8b/a100 prefill of 15k tokens at any load, so the SLO here is TTFT 5 s, ITL 50 ms.

@@ -26,7 +26,8 @@ class PolicyConfig(BaseModel):
     ``queue_persist_s``, ``load_smoothing_s``, ``burst_hold``, ``short_burst_cap``, ``offered_at_arrival``)
     ship defaults chosen by the side-by-side replays of ``bench/bench_policies.py`` (docs/BENCHMARKS.md,
     "Scaling policies side by side"); setting them to 'flat', 0, 0, 'off', ``queue_persist_s=3600``, 0,
-    'off', False and True gives the seed's policy back."""
+    'off', False and True gives the seed's policy back. ``burst_reserve_level='tick'``,
+    ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -72,6 +73,16 @@ class PolicyConfig(BaseModel):
             " raises the active target to it, 'standby' keeps the difference warm as standby (promoted on an"
             " alert; measured worse: standby costs the same GPU-seconds and serves 5 s later), 'off' leaves it"
             " out. Measured on the Azure code trace: 58.6 % -> 90.8 % SLO (98.3 % after the first 10 min)"
+        ),
+    )
+    burst_reserve_level: Literal["block", "tick"] = Field(
+        "block",
+        description=(
+            "the load the burst reserve stacks the observed rise on: 'block' (shipped default) = the need's"
+            " mean over the last 5-s block (the current block so far, topped up with the previous one), the"
+            " same mean the rises were measured from; 'tick' = this tick's need (session 3's rule: per-second"
+            " noise added to a rise already measured over the noise, and the scale-down window then held the"
+            " top of it)"
         ),
     )
     burst_quantile: float = Field(
@@ -122,6 +133,17 @@ class PolicyConfig(BaseModel):
             " since the last one, is at least burst_hold_probability (inter-burst gap survival over the burst"
             " window; unknown until burst_hold_min_gaps gaps are seen, and held then), for at most"
             " burst_hold_max_s. Traffic without bursts is never held; 'off': the scale-down delay alone"
+        ),
+    )
+    burst_hold_rebuy: bool = Field(
+        False,
+        description=(
+            "False (shipped default): once the burst hold has let capacity go (the probability of the next"
+            " burst within one cold start fell below burst_hold_probability at some time since the last burst"
+            " after the scale-down delay, checked on a 5-s grid), it does not hold again before the next burst:"
+            " holding again reaches back to the burst's peak and starts cold capacity for it. True: the hold"
+            " follows the hazard as it is now (session 3's rule). Measured: conv -0.9 % GPU-s, the sinusoid"
+            " -0.1 %, nothing else moves (docs/BENCHMARKS.md, 'Cutting cost toward the oracle')"
         ),
     )
     burst_hold_probability: float = Field(
@@ -179,6 +201,22 @@ class PolicyConfig(BaseModel):
             "seconds from asking for a cold instance to its serving (the profile's cold start; llama3-8b/a100:"
             " 120 s): a rising trend is projected this far ahead, and a queue beyond the warm instances is"
             " cleared over it rather than by starting capacity that arrives too late (0 = size for now)"
+        ),
+    )
+    cold_start_persist_s: float = Field(
+        5.0,
+        ge=0.0,
+        le=600.0,
+        description=(
+            "prefill only, while no request waits and the pool has been watched for one cold start"
+            " (provision_lead_s of need blocks): a scale-up beyond the warm replicas (active, starting and"
+            " standby) goes only as far"
+            " as the lowest target wanted over this many seconds: capacity started cold serves provision_lead_s"
+            " later, and one started for a one-tick spike of the per-second target was released by the"
+            " scale-down window before it served (mmpp-holdout: 4 such cold starts in 20 quiet minutes)."
+            " Standby promotion is not delayed, nor is decode (its overload shows as ITL, no queue lifts the"
+            " wait); 0 = every tick's target starts capacity (session 3's rule). Measured: up to -6 % GPU-s on"
+            " seven workloads at the same SLO (docs/BENCHMARKS.md)"
         ),
     )
     scale_down_delay_s: float = Field(

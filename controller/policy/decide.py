@@ -96,6 +96,13 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             if wanted[role] > warm:
                 reasons.append(f"{why_short}: {role} {wanted[role]} → {warm}")
                 wanted[role] = warm
+    # Prefill, no request waiting, a pool watched for a cold start: a target above the warm fleet may be a
+    # one-tick spike (one long prompt), and cold capacity follows only a target that lasted. A queue (or an
+    # unknown one) is load already here, and before one cold start of history a spike is not known to be one.
+    # Not decode: its overload shows as ITL, with no queue to lift the wait (on the 1800-s sinusoid's first rise
+    # waiting for decode targets to last sized it at the bottom of their noise: -0.1 SLO points).
+    watched = obs.now_s - seen_from >= cfg.provision_lead_s  # False while seen_from is NaN
+    cold_persist_s = cfg.cold_start_persist_s if obs.waiting_requests == 0 and watched else 0.0
     bounds = {"prefill": (cfg.min_prefill, cfg.max_prefill), "decode": (cfg.min_decode, cfg.max_decode)}
     roles = dict(state.roles)
     final: dict[str, int] = {}
@@ -111,6 +118,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             can_scale_down=obs.complete,
             fast_up=obs.standby.get(role, 0),
             hold_s=hold_s,
+            cold_persist_s=cold_persist_s if role == "prefill" else 0.0,
         )
         if why_h:
             reasons.append(why_h)

@@ -473,6 +473,7 @@ def hysteresis_stage(
     can_scale_down: bool,
     fast_up: int,
     hold_s: float = 0.0,
+    cold_persist_s: float = 0.0,
 ) -> tuple[int, RoleHistory, str | None]:
     """Stage 7: tolerance band, rate limits and the time-based scale-down delay for one role.
 
@@ -483,6 +484,10 @@ def hysteresis_stage(
     Scale-up is limited to a ramp of (max - min) replicas per ``ramp_up_s``, at least one per decision,
     plus ``fast_up`` replicas that are already warm (standby promotion is not rate-limited).
     ``hold_s`` (a burst hold, see ``burst_hold``) lengthens the scale-down window to that many seconds.
+    Beyond the warm replicas (``current + fast_up``) a scale-up goes only as far as the lowest target wanted
+    over the last ``cold_persist_s`` (0 = no such wait; ``decide`` passes ``cold_start_persist_s`` for prefill
+    while no request waits): a cold instance serves ``provision_lead_s`` after it is asked for, and the
+    scale-down window releases one started for a one-tick spike before it ever serves.
     """
     window_s = max(cfg.scale_down_delay_s, hold_s)
     keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
@@ -492,6 +497,14 @@ def hysteresis_stage(
     reason = None
     if current > 0 and abs(target - current) / current <= cfg.tolerance:
         target = current
+    if target > current + fast_up and cold_persist_s > 0:
+        lasting = min(w for t, w in (*kept, (now_s, wanted)) if now_s - t < cold_persist_s)
+        if lasting < target:
+            kept_to = max(lasting, current + fast_up)
+            reason = (
+                f"{role}: cold start only for a target wanted {cold_persist_s:.0f} s: {target} → {kept_to}"
+            )
+            target = kept_to
     if target > current:
         lo, hi = (cfg.min_prefill, cfg.max_prefill) if role == "prefill" else (cfg.min_decode, cfg.max_decode)
         elapsed = now_s - history.last_change_s if math.isfinite(history.last_change_s) else math.inf
@@ -647,6 +660,22 @@ def burst_reserve(
     return (rises[0], rises[1]), (peaks[0], peaks[1])
 
 
+def trailing_need(blocks: tuple[tuple[float, float, float, int], ...]) -> tuple[float, float]:
+    """The (prefill, decode) need's mean over about the last ``NEED_BLOCK_S``: the current block's mean so far,
+    topped up with the previous block's mean for the ticks the current one has not had yet (when that block
+    is the one just before; a gap in the data leaves the current block alone). The burst reserve's rises are
+    measured between block means, so the level they stack on is a block mean too: a single tick's need adds
+    the per-second noise a second time, and the scale-down window holds the top of it. NaN with no block."""
+    if not blocks:
+        return math.nan, math.nan
+    start, p, d, n = blocks[-1]
+    if len(blocks) < 2 or abs(blocks[-2][0] - (start - NEED_BLOCK_S)) > 1e-6:
+        return p, d
+    _, prev_p, prev_d, m = blocks[-2]
+    rest = max(m - n, 0)
+    return (n * p + rest * prev_p) / (n + rest), (n * d + rest * prev_d) / (n + rest)
+
+
 def burst_reserve_stage(
     prefill: int,
     decode: int,
@@ -673,15 +702,16 @@ def burst_reserve_stage(
         state = replace(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
     if cfg.burst_reserve == "off":
         return prefill, decode, (0, 0), replace(state, need_blocks=blocks), ()
+    level = trailing_need(blocks) if cfg.burst_reserve_level == "block" else now_need
     rise, peak = state.reserve
     if opened or (math.isnan(rise[0]) and len(blocks) >= 2):
         rise, peak = burst_reserve(blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom)
     state = replace(state, need_blocks=blocks, reserve=(rise, peak))
-    if not all(_known(x) for x in (*now_need, *rise, *peak)):
+    if not all(_known(x) for x in (*level, *rise, *peak)):
         return prefill, decode, (0, 0), state, ()
     h = 1 + cfg.headroom
     want = [
-        min(math.ceil(min(now_need[i] + rise[i], max(peak[i], now_need[i])) * h - 1e-9), int(MAX_NEED))
+        min(math.ceil(min(level[i] + rise[i], max(peak[i], level[i])) * h - 1e-9), int(MAX_NEED))
         for i in (0, 1)
     ]
     reason = (
@@ -770,7 +800,11 @@ def burst_hold(
     without one (``seen_from_s``, the oldest remembered load block): that quiet time is a censored gap
     longer than a cold start, so the first burst is not held. Never more than ``burst_hold_max_s`` after
     the burst, never without a burst seen, and not after a high load that lasted one cold start or more (a
-    level change, which cold capacity follows: a slow ramp or a sinusoid's crest is not a burst)."""
+    level change, which cold capacity follows: a slow ramp or a sinusoid's crest is not a burst). Unless
+    ``burst_hold_rebuy``, a hold once let go (the hazard below the threshold at some τ' < τ on a 5-s grid, from
+    ``scale_down_delay_s`` on: before that the ordinary window still keeps the burst's targets, so a dip there
+    releases nothing) is not taken up again before the next burst: the window would reach back to the burst's
+    peak and start cold capacity for a burst that, by the same estimate, was not worth keeping warm before."""
     if cfg.burst_hold == "off" or not runs:
         return 0.0, None
     last_start, last_end = runs[-1]
@@ -790,16 +824,33 @@ def burst_hold(
             window,
             f"burst hold: {len(gaps)} gaps between bursts seen (too few to release), {tau:.0f} s since",
         )
-    alive = gaps > tau
-    if not alive.any():
-        return 0.0, None
-    p = float(((gaps <= tau + lead) & alive).sum() / alive.sum())
+    p = gap_hazard(gaps, tau, lead)
     if p < cfg.burst_hold_probability:
         return 0.0, None
+    if not cfg.burst_hold_rebuy:
+        # The scale-down window keeps the burst's targets for scale_down_delay_s after it anyway: a dip of the
+        # hazard inside that releases nothing, so only a dip after it is a release.
+        grid = np.arange(cfg.scale_down_delay_s, tau, NEED_BLOCK_S)
+        if grid.size and float(gap_hazards(gaps, grid, lead).min()) < cfg.burst_hold_probability:
+            return 0.0, None  # released since the burst: holding again would re-buy it cold
     return window, (
         f"burst hold: P(next burst within {lead:.0f} s | {tau:.0f} s since the last) = {p:.2f}"
         f" over {len(gaps)} gaps → scale-down window {window:.0f} s"
     )
+
+
+def gap_hazards(gaps: np.ndarray, taus: np.ndarray, lead: float) -> np.ndarray:
+    """The empirical P(gap <= τ + lead | gap > τ) over the gaps seen, for each τ in ``taus``:
+    #{τ < g <= τ + lead} / #{g > τ}; 0 where no gap outlasts τ (the burst pattern seen says none is coming)."""
+    alive = gaps[None, :] > taus[:, None]
+    soon = alive & (gaps[None, :] <= taus[:, None] + lead)
+    n_alive = alive.sum(axis=1)
+    return np.where(n_alive > 0, soon.sum(axis=1) / np.maximum(n_alive, 1), 0.0)
+
+
+def gap_hazard(gaps: np.ndarray, tau: float, lead: float) -> float:
+    """``gap_hazards`` at one τ."""
+    return float(gap_hazards(gaps, np.asarray([tau], dtype=np.float64), lead)[0])
 
 
 def _is_high(need: float, median: float, headroom: float) -> bool:
@@ -814,8 +865,10 @@ def short_burst(
 ) -> tuple[bool, str | None]:
     """Whether the load is now in a burst that, by the durations of the bursts seen, will most likely be over
     before capacity started now serves (``short_burst_cap``): P(duration > d + lead | duration > d) below
-    ``burst_hold_probability``, d = how long this one has lasted. The current block is judged by its mean so
-    far against the window's median block, as ``update_burst_runs`` judges completed ones."""
+    ``burst_hold_probability``, d = how long this one has lasted. Never once it has lasted a cold start: that
+    is a level cold capacity follows, not a burst (``burst_hold``'s rule; without it the 1800-s sinusoid's first
+    rise, longer than the few short bursts seen, read P = 0 and was capped for minutes). The current block is
+    judged by its mean so far against the window's median block, as ``update_burst_runs`` judges completed ones."""
     if not cfg.short_burst_cap or len(blocks) < 2 or len(runs) < cfg.burst_hold_min_gaps + 1:
         return False, None
     totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
@@ -824,6 +877,8 @@ def short_burst(
         return False, None
     began = runs[-1][0] if runs[-1][1] >= start - 1e-9 else start
     lasted = now_s - began
+    if lasted >= cfg.provision_lead_s:
+        return False, None  # a high load that lasted a cold start is a level, as burst_hold judges it
     durations = np.asarray([b - a for a, b in runs if b < start - 1e-9], dtype=np.float64)
     alive = durations > lasted
     lead = cfg.provision_lead_s
