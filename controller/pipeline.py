@@ -36,6 +36,7 @@ from controller.policy import (
 from controller.policy.decide import (
     RiskTable,
     allocate_budget,
+    plan_gpus,
     prefill_floor,
     queue_risk,
     slo_risk,
@@ -496,6 +497,7 @@ class Pipeline:
                 floor=(cfg.min_prefill, cfg.min_decode),
                 smoothed_rps=track.lengths.rate_ewma,
                 burst_rps=track.burst.rps,
+                mixed_node=track.setup.spec.placement == "mixed-node",
             )
         out = dict(decisions)
         for name, plan in self.budget.fit(now_s, inputs).items():
@@ -517,6 +519,27 @@ class BudgetInput:
     floor: tuple[int, int] = (0, 0)  # (prefill, decode)
     smoothed_rps: float = math.nan  # the pool's arrival rate over about a minute (NaN = unknown)
     burst_rps: float = math.nan  # the rate over a few TTFT SLOs (``burst_halflife_s``; NaN = unknown)
+    # placed on PD-mixed nodes: its plan becomes max(prefill, decode) nodes, each node's GPUs counted once
+    mixed_node: bool = False
+
+    def plan_gpus(self, plan: ScalingPlan) -> int:
+        """GPUs ``plan`` holds for this pool (``decide.plan_gpus``: a mixed node's GPUs once)."""
+        return plan_gpus(plan, self.capacity.gpus_per_instance, mixed_node=self.mixed_node)
+
+    def held_gpus(self) -> int:
+        """GPUs the pool holds at its current replicas and standby. A mixed pool holds its nodes: the larger
+        role's instances, where the replicas of a role the glue counts at its own target (``_role_counts``)
+        may read below the nodes still serving or starting."""
+        c = self.counts
+        if self.mixed_node:
+            held = max(
+                max(int(c.replicas.get(r, 0)), int(c.active.get(r, 0)) + int(c.provisioning.get(r, 0)))
+                + int(c.standby.get(r, 0))
+                for r in ROLES
+            )
+        else:
+            held = sum(int(c.replicas.get(r, 0)) + int(c.standby.get(r, 0)) for r in ROLES)
+        return held * self.capacity.gpus_per_instance
 
     def risk_observation(self) -> PoolObservation:
         """What the SLO risk is computed from: the observation with its load replaced by the smoothed
@@ -564,13 +587,12 @@ def fit_budget(
     for name, b in pools.items():
         gpus[name] = b.capacity.gpus_per_instance
         if b.plan is None:
-            held = sum(int(b.counts.replicas.get(r, 0)) + int(b.counts.standby.get(r, 0)) for r in ROLES)
-            held_gpus += held * gpus[name]
+            held_gpus += b.held_gpus()
         else:
             plans.append(b.plan)
     left = max(budget_gpus - held_gpus, 0)
     out: dict[str, ScalingPlan | None] = {name: b.plan for name, b in pools.items()}
-    if sum(p.gpus(gpus[p.pool]) for p in plans) <= left:
+    if sum(pools[p.pool].plan_gpus(p) for p in plans) <= left:
         return out
     needs: dict[str, tuple[float, float]] = {}
     for plan in plans:
@@ -578,8 +600,16 @@ def fit_budget(
         need = stages.capacity_target(b.risk_observation(), b.capacity, b.slo_ttft_ms / 1000.0)
         needs[plan.pool] = (need.prefill, need.decode) if need is not None else (0.0, 0.0)
     floors = {name: b.floor for name, b in pools.items()}
+    mixed = {name for name, b in pools.items() if b.mixed_node}
     chosen = allocate_budget(
-        plans, needs, gpus, left, floors=floors, guarantees=guarantees, risk_tables=risk_tables
+        plans,
+        needs,
+        gpus,
+        left,
+        floors=floors,
+        guarantees=guarantees,
+        risk_tables=risk_tables,
+        mixed_node=mixed,
     )
     for plan in chosen:
         out[plan.pool] = plan
@@ -724,7 +754,7 @@ class FleetBudget:
             raised[name] = replace(b, plan=plan)
             tables[name] = risk_table(b, settings, max(plan.prefill, plan.decode) + 1)
         reserve_gpus = settings.reserve_gpus if settings.reserve_gpus is not None else max(gpus.values())
-        soft = sum((held[n][0] + held[n][1]) * gpus[n] for n in planned) + reserve_gpus
+        soft = sum(_floor_gpus(held[n], planned[n]) for n in planned) + reserve_gpus
         plans = [b.plan for b in raised.values() if b.plan is not None]
         # A pool with a real backlog keeps this tick's plan (the model may misjudge heavy-tailed prompts);
         # its plan is not held beyond the tick, so a burst's scale-up is not paid for after the burst.
@@ -734,7 +764,10 @@ class FleetBudget:
             if n in held
         }
         label = f"fleet reserve (held SLO floors + {reserve_gpus} GPUs) ="
-        trimmed = allocate_budget(plans, {}, gpus, soft, floors=keep, risk_tables=tables, label=label)
+        mixed = {n for n, b in pools.items() if b.mixed_node}
+        trimmed = allocate_budget(
+            plans, {}, gpus, soft, floors=keep, risk_tables=tables, label=label, mixed_node=mixed
+        )
         for plan in trimmed:
             raised[plan.pool] = replace(raised[plan.pool], plan=plan)
         # The hard budget cuts above the held floors first; below them only if the floors alone do not fit.
@@ -768,14 +801,14 @@ def _gpus_of(plans: Mapping[str, ScalingPlan | None], pools: Mapping[str, Budget
     total = 0
     for name, b in pools.items():
         plan = plans.get(name)
-        per = b.capacity.gpus_per_instance
-        if plan is None:
-            total += per * sum(
-                int(b.counts.replicas.get(r, 0)) + int(b.counts.standby.get(r, 0)) for r in ROLES
-            )
-        else:
-            total += plan.gpus(per)
+        total += b.held_gpus() if plan is None else b.plan_gpus(plan)
     return total
+
+
+def _floor_gpus(floor: tuple[int, int], b: BudgetInput) -> int:
+    """GPUs of a (prefill, decode) floor: both roles' instances, or a mixed pool's nodes (the larger)."""
+    instances = max(floor) if b.mixed_node else floor[0] + floor[1]
+    return instances * b.capacity.gpus_per_instance
 
 
 def _raise_to(plan: ScalingPlan, floor: tuple[int, int]) -> ScalingPlan:

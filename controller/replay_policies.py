@@ -143,7 +143,15 @@ def _budget_input(
 ) -> BudgetInput:
     """What the fleet budget step needs from one pool's tick (its plan, load, capacity, SLO and rates)."""
     return BudgetInput(
-        plan, obs, cap, track.spec.slo_ttft_ms, counts, floor, track.lengths.rate_ewma, track.burst.rps
+        plan,
+        obs,
+        cap,
+        track.spec.slo_ttft_ms,
+        counts,
+        floor,
+        track.lengths.rate_ewma,
+        track.burst.rps,
+        mixed_node=track.spec.placement == "mixed-node",
     )
 
 

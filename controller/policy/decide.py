@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.config import PolicyConfig
@@ -306,6 +306,7 @@ def allocate_budget(
     guarantees: Mapping[str, int] | None = None,
     risk_tables: Mapping[str, RiskTable] | None = None,
     label: str = "budget",
+    mixed_node: Collection[str] = (),
 ) -> list[ScalingPlan]:
     """Fit all pools' plans into one GPU budget by SLO risk (see :func:`slo_risk`).
 
@@ -319,7 +320,10 @@ def allocate_budget(
     tier), so a pool borrows idle GPUs but never a pool's guaranteed ones. Every cut is written into that plan's
     reasons, and when the budget binds every pool's reasons name the budget and the risks. ``risk_tables``:
     pool -> (prefill, decode) risks by instance count (e.g. from :func:`queue_risk`), used instead of
-    ``need / count`` for the pools it names. ``label`` names the budget in the reasons.
+    ``need / count`` for the pools it names. ``label`` names the budget in the reasons. ``mixed_node``: pools
+    placed on PD-mixed nodes, whose plans become ``max(prefill, decode)`` whole nodes after the budget
+    (``controller.policy.mixed_node.node_plan``): they hold that many nodes' GPUs (:func:`plan_gpus`), are cut
+    and given back a node at a time (every role at the node count -1), and their standby is not counted.
     """
     if budget_gpus is None:
         return plans
@@ -333,8 +337,13 @@ def allocate_budget(
         need_p, need_d = needs.get(pool, (0.0, 0.0))
         return slo_risk(count, need_p if role == "prefill" else need_d)
 
+    mixed = frozenset(mixed_node)
+
+    def gpus_of(p: ScalingPlan) -> int:
+        return plan_gpus(p, gpus_per_instance[p.pool], mixed_node=p.pool in mixed)
+
     def used() -> int:
-        return sum(p.gpus(gpus_per_instance[p.pool]) for p in current.values())
+        return sum(gpus_of(p) for p in current.values())
 
     wanted = used()
     if wanted <= budget_gpus:
@@ -343,9 +352,11 @@ def allocate_budget(
     shares = guarantees or {}
 
     def borrowed(pool: str) -> int:
-        return current[pool].gpus(gpus_per_instance[pool]) - shares.get(pool, 0)
+        return gpus_of(current[pool]) - shares.get(pool, 0)
 
     for pool in sorted(current, key=borrowed, reverse=True):  # the most borrowed standby goes first
+        if pool in mixed:  # a mixed node has no standby tier: node_plan drops it, it holds no GPU
+            continue
         while used() > budget_gpus and (current[pool].standby_decode or current[pool].standby_prefill):
             p = current[pool]
             cut = "decode" if p.standby_decode >= p.standby_prefill else "prefill"
@@ -353,24 +364,29 @@ def allocate_budget(
                 p, f"standby_{cut}", p.standby(cut) - 1, f"{label} {budget_gpus} GPUs: standby {cut} -1"
             )
     while used() > budget_gpus:
-        best = _lowest_risk_cut(current, risk, floor, gpus_per_instance, shares)
+        best = _lowest_risk_cut(current, risk, floor, gpus_per_instance, shares, mixed)
         if best is None:
             break
         risk_after, pool, role = best
         p = current[pool]
-        current[pool] = _with_count(
-            p,
-            role,
-            p.count(role) - 1,
-            f"{label} {budget_gpus} GPUs: {role} -1 (lowest SLO risk in the fleet: {risk_after:.2f} after the cut)",
-        )
-    current = _refill(current, {p.pool: p for p in plans}, risk, gpus_per_instance, budget_gpus - used())
+        why = f"lowest SLO risk in the fleet: {risk_after:.2f} after the cut"
+        if role == NODE:
+            current[pool] = _node_step(p, -1, f"{label} {budget_gpus} GPUs: mixed node -1", why)
+        else:
+            current[pool] = _with_count(
+                p, role, p.count(role) - 1, f"{label} {budget_gpus} GPUs: {role} -1 ({why})"
+            )
+    current = _refill(
+        current, {p.pool: p for p in plans}, risk, gpus_per_instance, budget_gpus - used(), mixed
+    )
     short = used() > budget_gpus
     out = []
     for plan in plans:
         p = current[plan.pool]
         r = max(risk(plan.pool, "prefill", p.prefill), risk(plan.pool, "decode", p.decode))
         note = f"{binds}: SLO risk {r:.2f} here with prefill {p.prefill}, decode {p.decode}"
+        if plan.pool in mixed:
+            note += f" on {max(p.prefill, p.decode)} mixed nodes ({gpus_of(p)} GPUs)"
         if short:
             note += f"; the pools' minimums alone exceed the {label} ({used()} GPUs)"
         out.append(replace(p, reasons=(*p.reasons, note)))
@@ -386,13 +402,22 @@ def _refill(
     risk: RiskOf,
     gpus_per_instance: Mapping[str, int],
     slack_gpus: int,
+    mixed: Collection[str] = (),
 ) -> dict[str, ScalingPlan]:
     """Give back cut instances that fit in the slack a larger cut left (pools differ in GPUs per instance:
-    the last cut of a 4-GPU instance may free more than the overrun), the highest SLO risk first."""
+    the last cut of a 4-GPU instance may free more than the overrun), the highest SLO risk first. A mixed-node
+    pool gets back a whole node: every role at the node count that was cut +1."""
     while slack_gpus > 0:
         best: tuple[float, str, str] | None = None
         for pool, p in current.items():
             if gpus_per_instance[pool] > slack_gpus:
+                continue
+            if pool in mixed:
+                grow = _node_roles(p, wanted[pool])
+                if grow:
+                    r = max(risk(pool, role, p.count(role)) for role in grow)
+                    if best is None or r > best[0]:
+                        best = (r, pool, NODE)
                 continue
             for role in ROLES:
                 if p.count(role) < wanted[pool].count(role):
@@ -403,9 +428,51 @@ def _refill(
             break
         _, pool, role = best
         p = current[pool]
-        current[pool] = _with_count(p, role, p.count(role) + 1, f"{role} +1 back: it fits the budget's slack")
+        if role == NODE:
+            current[pool] = _node_step(
+                p, +1, "mixed node +1 back", "it fits the budget's slack", wanted[pool]
+            )
+        else:
+            current[pool] = _with_count(
+                p, role, p.count(role) + 1, f"{role} +1 back: it fits the budget's slack"
+            )
         slack_gpus -= gpus_per_instance[pool]
     return current
+
+
+NODE = "node"  # a cut or give-back of one whole mixed node (both roles at the node count)
+
+
+def plan_gpus(plan: ScalingPlan, gpus_per_instance: int, *, mixed_node: bool = False) -> int:
+    """GPUs ``plan`` holds once applied: every instance's GPUs for a dedicated pool (``ScalingPlan.gpus``);
+    for a mixed-node pool, ``max(prefill, decode)`` nodes of ``gpus_per_instance`` GPUs each (the node's
+    prefill and decode instances share them; ``node_plan`` drops standby, so it holds none)."""
+    if mixed_node:
+        return max(plan.prefill, plan.decode) * gpus_per_instance
+    return plan.gpus(gpus_per_instance)
+
+
+def _node_roles(p: ScalingPlan, wanted: ScalingPlan) -> tuple[str, ...]:
+    """The roles a give-back of one node raises: those at the node count, below what the plan wanted."""
+    nodes = max(p.prefill, p.decode)
+    return tuple(r for r in ROLES if p.count(r) == nodes and p.count(r) < wanted.count(r))
+
+
+def _node_step(
+    p: ScalingPlan, step: int, what: str, why: str, wanted: ScalingPlan | None = None
+) -> ScalingPlan:
+    """``p`` with one mixed node less (``step`` -1: every role at the node count -1) or given back (+1: the
+    roles of ``_node_roles`` +1), the counts in the reason."""
+    nodes = max(p.prefill, p.decode)
+    if step < 0:
+        roles = tuple(r for r in ROLES if p.count(r) == nodes)
+    else:
+        assert wanted is not None
+        roles = _node_roles(p, wanted)
+    counts = {r: p.count(r) + (step if r in roles else 0) for r in ROLES}
+    moved = ", ".join(f"{r} {p.count(r)} → {counts[r]}" for r in roles)
+    reason = f"{what} ({moved}; {why})"
+    return replace(p, prefill=counts["prefill"], decode=counts["decode"], reasons=(*p.reasons, reason))
 
 
 def _lowest_risk_cut(
@@ -414,15 +481,27 @@ def _lowest_risk_cut(
     floor: Mapping[str, tuple[int, int]],
     gpus_per_instance: Mapping[str, int],
     guarantees: Mapping[str, int],
+    mixed: Collection[str] = (),
 ) -> tuple[float, str, str] | None:
     """The (risk after the cut, pool, role) of the instance whose removal hurts the fleet least: from pools
-    that stay at or above their guarantee first, then the rest; the lowest risk after the cut within each."""
+    that stay at or above their guarantee first, then the rest; the lowest risk after the cut within each.
+    A mixed-node pool offers one whole node (role ``NODE``: every role at the node count -1, none below its
+    floor), at the highest risk of the roles it cuts."""
     best: tuple[float, str, str] | None = None
     best_key: tuple[int, float] | None = None
     for pool, p in current.items():
         g = gpus_per_instance[pool]
-        tier = 0 if p.gpus(g) - g >= guarantees.get(pool, 0) else 1
+        tier = 0 if plan_gpus(p, g, mixed_node=pool in mixed) - g >= guarantees.get(pool, 0) else 1
         floor_p, floor_d = floor.get(pool, (0, 0))
+        if pool in mixed:
+            nodes = max(p.prefill, p.decode)
+            cut = [(r, lo) for r, lo in (("prefill", floor_p), ("decode", floor_d)) if p.count(r) == nodes]
+            if nodes <= 0 or any(nodes <= max(lo, 0) for _, lo in cut):
+                continue
+            risk_after = max(risk(pool, r, nodes - 1) for r, _ in cut)
+            if best_key is None or (tier, risk_after) < best_key:
+                best_key, best = (tier, risk_after), (risk_after, pool, NODE)
+            continue
         for role, count, lo in (("prefill", p.prefill, floor_p), ("decode", p.decode, floor_d)):
             if count <= max(lo, 0):
                 continue
