@@ -6,13 +6,17 @@
 Prometheus scrape config would), and hands them to ``PrometheusSource`` through an in-memory querier
 (``PageQuerier``): the name tables, both spellings, the per-instance sums and the histogram assembly are
 Prometheus' own code, not a copy. Router counters (``pdscale:router_*``, labelled ``instance_id``) are
-attributed to the member they name.
+attributed to the member they name. The router's queues (``pdscale:router_queue_length``, requests waiting
+for a backend slot) are demand the pool has not taken yet: the prefill and mixed stages' are added to the
+pool's waiting requests (``vllm:num_requests_waiting`` of that stage's members, shared evenly), so a backlog
+at the gateway reads as one at the servers; the decode stage's is left out, as the aggregator leaves out a
+decode server's own waiting requests (already prefilled).
 
 Unknown is not zero: a member whose page cannot be fetched or parsed stays in the scrape with NaN gauges
 and counters (the pool's load reads unknown: the policy holds), is counted in ``stats().failed`` and
 logged, and the tick goes on; on such a tick the latency histograms are left out (their quantiles are
 unknown), so the member's return is not read as a burst of observations. A router page that fails leaves
-the router counters out (arrivals unknown). Standby members are not scraped: they serve nothing, and the
+the router counters and queues out (arrivals unknown, the backlog at the servers only). Standby members are not scraped: they serve nothing, and the
 actuator reports them (``LocalPoolActuator.current``).
 """
 
@@ -28,13 +32,14 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.settings import LabelMap
 from controller.sources.prometheus import COUNTERS, GAUGES, HISTOGRAMS, PrometheusSource, SourceError
+from serving.sim import samples as names
 from serving.sim.samples import InstanceSamples
 
 log = logging.getLogger(__name__)
@@ -47,6 +52,9 @@ _WANTED = re.compile(
 )
 _LABELS = LabelMap(instance="instance", pool="pool", role="role", node="node", pool_fallback=None)
 _IDENTITY = ("instance", "pool", "role", "node")
+_QUEUE_NAME = re.compile(r"pdscale[:_]router_queue_length")
+ENTRY_STAGES = ("prefill", "mixed")  # where requests enter a pool: their router queue is waiting demand
+T = TypeVar("T")
 
 
 class PoolView(Protocol):
@@ -155,6 +163,44 @@ def router_rows(text: str, members: Mapping[str, Member], pool: str, now_s: floa
     return rows
 
 
+def router_queue(text: str) -> dict[str, float]:
+    """Requests waiting in the router page's queues per stage (``pdscale:router_queue_length``, summed over
+    priority classes); a stage not on the page is absent."""
+    keep = [line for line in text.splitlines() if line and line[0] != "#" and _QUEUE_NAME.match(line)]
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families("\n".join(keep) + "\n" if keep else ""):
+        for s in family.samples:
+            if _QUEUE_NAME.fullmatch(s.name):
+                stage = s.labels.get("stage", "")
+                out[stage] = out.get(stage, 0.0) + float(s.value)
+    return out
+
+
+def add_router_backlog(samples: InstanceSamples, queue: Mapping[str, float]) -> tuple[InstanceSamples, float]:
+    """``samples`` with the router's prefill and mixed queues added to the waiting requests of that stage's
+    members (shared evenly; a stage without members goes to the pool's other entry members), and the
+    requests left unplaced (queued while the pool has no prefill or mixed member). Members with unknown
+    waiting stay unknown (NaN)."""
+    waiting = samples.gauges.get(names.NUM_REQUESTS_WAITING)
+    roles = np.array(samples.roles, dtype=object)
+    backlog = {stage: queue.get(stage, 0.0) for stage in ENTRY_STAGES}
+    if waiting is None or not any(v > 0 for v in backlog.values()):
+        return samples, (0.0 if waiting is not None else sum(backlog.values()))
+    out = np.array(waiting, dtype=np.float64, copy=True)
+    unplaced = 0.0
+    for stage, n in backlog.items():
+        if n <= 0:
+            continue
+        sel = roles == stage
+        if not sel.any():
+            sel = np.isin(roles, ENTRY_STAGES)
+        if not sel.any():
+            unplaced += n
+            continue
+        out[sel] += n / int(sel.sum())
+    return replace(samples, gauges={**samples.gauges, names.NUM_REQUESTS_WAITING: out}), unplaced
+
+
 class PageQuerier:
     """An in-memory Prometheus for ``PrometheusSource``: answers ``{__name__=~"RE"}`` over the rows given
     to ``load`` (Prometheus' regex matching is anchored: ``re.fullmatch``). Any other query is a
@@ -252,13 +298,26 @@ class DirectSource:
             else:
                 rows.extend(parsed)
         router_page = pages.get("router")
+        queue: dict[str, float] = {}
         if router_page is not None:
-            parse = partial(router_rows, members=by_id, pool=self.pool.name, now_s=now_s)
-            rows.extend(self._parse("router", router_page, parse) or [])
-        self._querier.load(rows)
-        return self._complete(self.inner.scrape(now_s), members, failed)
 
-    def _parse(self, key: str, page: str | None, parse: Callable[[str], list[Row]]) -> list[Row] | None:
+            def parse(page: str) -> tuple[list[Row], dict[str, float]]:
+                return router_rows(page, by_id, self.pool.name, now_s), router_queue(page)
+
+            got_router = self._parse("router", router_page, parse)
+            if got_router is not None:
+                rows.extend(got_router[0])
+                queue = got_router[1]
+        self._querier.load(rows)
+        complete = self._complete(self.inner.scrape(now_s), members, failed)
+        samples, unplaced = add_router_backlog(complete, queue)
+        if unplaced > 0:
+            log.warning("direct source: pool %s: %g requests queued at the router not counted: no prefill or"
+                        " mixed member to count them on", self.pool.name, unplaced,
+                        extra={"event": "router_backlog_unplaced"})  # fmt: skip
+        return samples
+
+    def _parse(self, key: str, page: str | None, parse: Callable[[str], T]) -> T | None:
         if page is None:
             return None
         try:

@@ -182,6 +182,7 @@ class Router:
         self._pred_sum, self._pred_n = 0.0, 0
         self._session: aiohttp.ClientSession | None = None
         self._id_prefix, self._ids = uuid.uuid4().hex[:16], itertools.count()
+        self._arrival_turn = itertools.count()
 
     # ----------------------------------------------------------------- state
     def _unhealthy(self, spec: Any, reason: str) -> None:
@@ -253,7 +254,40 @@ class Router:
             self.registry.acquire(chosen)
         return chosen
 
-    async def _admit(self, ctx: RouteContext, timing: _Timing) -> str:
+    def _count_arrival(self, backend_id: str, ctx: RouteContext) -> None:
+        """``pdscale:router_requests_total`` (and, where requests enter the pool, the prompt tokens) on
+        ``backend_id`` for a request arriving at ``ctx.stage``."""
+        spec = self.registry.spec(backend_id)
+        m = self.metrics
+        m.child(m.backend_requests, spec.id, spec.role, spec.node).inc()
+        if spec.role != "decode":  # where requests enter the pool: their prompt demand, counted at arrival
+            m.child(m.backend_prompt_tokens, spec.id, spec.role, spec.node).inc(max(0, ctx.prompt_tokens))
+
+    def _arrival_backend(self, stage: Role) -> str | None:
+        """The backend a request that must queue at ``stage`` is counted on as it arrives: the stage's
+        serving backends (healthy and not draining; else any of the stage) in turn, so the counts spread
+        over them. None when the stage has no backend."""
+        views = self.registry.views(stage)
+        serving = [v for v in views if v.healthy and not v.draining] or views
+        return serving[next(self._arrival_turn) % len(serving)].id if serving else None
+
+    async def _admit(self, ctx: RouteContext, timing: _Timing, *, arrival: bool) -> str:
+        """A backend slot at ``ctx.stage`` (waiting in the stage's queue if none is free).
+
+        ``arrival``: this is the request's arrival at the stage, counted by ``pdscale:router_requests_total``
+        (and the prompt tokens) as it arrives: on the backend that takes it at once or, when it must queue,
+        at once on one of the stage's backends (``_arrival_backend``), so the arrival rate the controller
+        reads is not capped at what the busy fleet dispatches. Retries are not arrivals. Every dispatch
+        counts in ``pdscale:router_dispatched_total`` on the backend that takes the request."""
+        counted = not arrival
+
+        def on_wait() -> None:
+            nonlocal counted
+            backend = self._arrival_backend(ctx.stage)
+            if backend is not None:
+                self._count_arrival(backend, ctx)
+                counted = True
+
         t = self.clock()
         backend_id = await self.queues.admit(
             ctx.stage,
@@ -261,17 +295,17 @@ class Router:
             lambda: self._pick(ctx),
             self.config.queue_timeout_s,
             self.registry.release,
+            on_wait if arrival else None,
         )
         waited = self.clock() - t
         timing.outside_s += waited
-        if waited > 0.0005:
-            m = self.metrics
-            m.child(m.queue_wait, ctx.stage, CLASS_NAMES[ctx.priority]).observe(waited)
-        spec = self.registry.spec(backend_id)
         m = self.metrics
-        m.child(m.backend_requests, spec.id, spec.role, spec.node).inc()
-        if spec.role != "decode":  # where requests enter the pool: their prompt demand, counted at routing
-            m.child(m.backend_prompt_tokens, spec.id, spec.role, spec.node).inc(max(0, ctx.prompt_tokens))
+        if waited > 0.0005:
+            m.child(m.queue_wait, ctx.stage, CLASS_NAMES[ctx.priority]).observe(waited)
+        if not counted:
+            self._count_arrival(backend_id, ctx)
+        spec = self.registry.spec(backend_id)
+        m.child(m.dispatched, spec.id, spec.role, spec.node).inc()
         return backend_id
 
     def _failed(self, backend_id: str, kind: str, message: str) -> BackendFailed:
@@ -319,9 +353,11 @@ class Router:
         body: Mapping[str, Any],
         headers: Mapping[str, str],
         timing: _Timing,
+        *,
+        arrival: bool,
     ) -> tuple[dict[str, Any] | None, web.Response | None]:
         """Run the prefill step; ``(kv_transfer_params, None)``, or ``(None, response)`` for a 4xx."""
-        backend_id = await self._admit(ctx, timing)
+        backend_id = await self._admit(ctx, timing, arrival=arrival)
         try:
             resp = await self._send(backend_id, path, _Body(prefill_body(body), None), headers, timing)
             data = await self._read(backend_id, resp, timing)
@@ -400,15 +436,18 @@ class Router:
                 out_body = body
                 if mode == "pd":
                     kv, refused = await self._prefill(
-                        _stage(base, "prefill"), path, body.doc, headers, timing
+                        _stage(base, "prefill"), path, body.doc, headers, timing, arrival=not attempt
                     )
                     if refused is not None:
                         return refused
                     if kv is not None:
                         out_body = _Body({**body.doc, "kv_transfer_params": kv}, None)
                     stage = "decode"
+                # the request arrives at decode when prefilled (counted there per dispatch, as before),
+                # at mixed on its first attempt only
+                arrival = stage == "decode" or not attempt
                 return await self._serve(
-                    request, path, out_body, _stage(base, stage), headers, timing, client
+                    request, path, out_body, _stage(base, stage), headers, timing, client, arrival=arrival
                 )
             except BackendFailed as err:
                 last = str(err)
@@ -426,9 +465,11 @@ class Router:
         headers: Mapping[str, str],
         timing: _Timing,
         client: str | None,
+        *,
+        arrival: bool,
     ) -> web.StreamResponse:
         """Send to a decode or mixed backend and relay the answer (streamed when the client asked)."""
-        backend_id = await self._admit(ctx, timing)
+        backend_id = await self._admit(ctx, timing, arrival=arrival)
         try:
             resp = await self._send(backend_id, path, body, headers, timing)
             try:

@@ -1,9 +1,12 @@
 """The router's own Prometheus metrics, in their own registry (served at the router's ``/metrics``).
 
 Names use the ``pdscale:`` prefix as the simulator's exporter does; ``pdscale:router_requests_total``
-keeps the simulator's meaning (requests sent to each backend, labelled by ``instance_id``), so a
-controller reads real and simulated fleets alike. Pages are classic text format 0.0.4, which keeps the
-colons.
+keeps the simulator's meaning (requests routed to each backend, labelled by ``instance_id``, counted as they
+arrive: a request that must wait for a slot is counted at once on one of its stage's backends, so the
+pool's sum is the arrival rate even while the fleet is saturated), so a controller reads real and simulated
+fleets alike. ``pdscale:router_dispatched_total`` counts what each backend was actually sent (every attempt,
+after any queue wait). ``pdscale:router_queue_length`` is the backlog the controller adds to the pool's
+waiting requests. Pages are classic text format 0.0.4, which keeps the colons.
 """
 
 from __future__ import annotations
@@ -36,20 +39,30 @@ class RouterMetrics:
         )
         self.backend_requests = Counter(
             "pdscale:router_requests",
-            "Requests the pdscale router sent to this instance.",
+            "Requests routed to this instance, counted as they arrive at the router (a request that waits for"
+            " a slot is counted on arrival, on one of its stage's instances; retries are not counted again):"
+            " the pool's arrival rate even while every instance is busy.",
+            ["instance_id", "role", "node"],
+            registry=r,
+        )
+        self.dispatched = Counter(
+            "pdscale:router_dispatched",
+            "Requests the router sent to this instance (after any queue wait; every attempt).",
             ["instance_id", "role", "node"],
             registry=r,
         )
         self.backend_prompt_tokens = Counter(
             "pdscale:router_prompt_tokens",
             "Prompt tokens (the router's estimate) of the requests sent to this prefill or mixed instance, counted"
-            " at routing: prompt demand as it arrives, where vllm:prompt_tokens_total counts it as processed.",
+            " with pdscale:router_requests: prompt demand as it arrives, where vllm:prompt_tokens_total counts it"
+            " as processed.",
             ["instance_id", "role", "node"],
             registry=r,
         )
         self.queue_length = Gauge(
             "pdscale:router_queue_length",
-            "Requests waiting for a backend slot, by stage and priority class.",
+            "Requests waiting for a backend slot, by stage and priority class (the controller's direct source"
+            " adds the prefill and mixed stages' to the pool's waiting requests).",
             ["stage", "priority_class"],
             registry=r,
         )

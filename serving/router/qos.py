@@ -65,11 +65,19 @@ class AdmissionQueues:
         self._seq = itertools.count()
 
     async def admit(
-        self, stage: str, priority: int, pick: Pick, timeout_s: float, abandon: Callable[[str], None]
+        self,
+        stage: str,
+        priority: int,
+        pick: Pick,
+        timeout_s: float,
+        abandon: Callable[[str], None],
+        on_wait: Callable[[], None] | None = None,
     ) -> str:
         """A backend id (already counted in flight) for a request of ``priority`` at ``stage``.
 
         ``abandon(id)`` gives a slot back when the waiting task is cancelled just after it was handed one.
+        ``on_wait()`` is called once when no slot is free at once (before the request queues or is refused
+        for a full queue): the router counts such a request as it arrives, not when it is dispatched.
         """
         heap = self._heaps.setdefault(stage, [])
         if not any(not w.gone for w in heap):
@@ -77,6 +85,8 @@ class AdmissionQueues:
             chosen = pick()
             if chosen is not None:
                 return chosen
+        if on_wait is not None:
+            on_wait()
         if self.waiting(stage) >= self.max_queue:
             raise QueueFull(f"{stage} queue holds {self.max_queue} requests (router max_queue)")
         waiter = _Waiter(priority, next(self._seq), asyncio.get_running_loop().create_future(), pick)
