@@ -70,7 +70,12 @@ def run(tree: Path, fleet: Path, policy: str, out: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-c", "from training.pdscale_cli import main; main()", "replay"]
     cmd += ["--fleet", str(fleet), "--policy", policy, "--json", str(out)]
-    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"pdscale replay --fleet {fleet} --policy {policy} (PYTHONPATH={tree}) exited {done.returncode}:\n"
+            f"{done.stderr[-4000:]}"
+        )
     doc: dict[str, Any] = json.loads(out.read_text())
     return doc
 

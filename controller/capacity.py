@@ -81,8 +81,11 @@ class CapacityCache:
         output = mean_output_tokens if math.isfinite(mean_output_tokens) else DEFAULT_OUTPUT_TOKENS
         bucket = None
         load = None
-        known = prompt_tps_per_node is not None and math.isfinite(prompt_tps_per_node)
-        if self.pool.placement == "mixed-node" and known and prompt_tps_per_node is not None:
+        if (
+            self.pool.placement == "mixed-node"
+            and prompt_tps_per_node is not None
+            and math.isfinite(prompt_tps_per_node)
+        ):
             bucket = round(math.log1p(max(prompt_tps_per_node, 0.0)) / math.log1p(REFRESH_REL))
             load = math.expm1(bucket * math.log1p(REFRESH_REL))
         stale = (

@@ -392,8 +392,7 @@ class Pipeline:
             if d.plan is None or spec.placement != "mixed-node":
                 continue
             self._role_targets[name] = {"prefill": d.plan.prefill, "decode": d.plan.decode}
-            lo, hi = max(spec.prefill.min, spec.decode.min), min(spec.prefill.max, spec.decode.max)
-            plan = node_plan(d.plan, lo, hi)
+            plan = pool_plan(d.plan, spec)
             decisions[name] = replace(d, plan=plan, reasons=plan.reasons)
         return decisions
 
@@ -803,6 +802,14 @@ def _gpus_of(plans: Mapping[str, ScalingPlan | None], pools: Mapping[str, Budget
         plan = plans.get(name)
         total += b.held_gpus() if plan is None else b.plan_gpus(plan)
     return total
+
+
+def pool_plan(plan: ScalingPlan, spec: PoolSpec) -> ScalingPlan:
+    """The plan the pool's actuator gets: for a mixed-node pool, whole nodes (``node_plan``: both roles at
+    the larger need, the binding role in the reasons), within the pool's bounds of both roles."""
+    if spec.placement != "mixed-node":
+        return plan
+    return node_plan(plan, max(spec.prefill.min, spec.decode.min), min(spec.prefill.max, spec.decode.max))
 
 
 def _floor_gpus(floor: tuple[int, int], b: BudgetInput) -> int:

@@ -31,10 +31,10 @@ from controller.pipeline import (
     ReserveSettings,
     build_observation,
     burst_halflife_s,
+    pool_plan,
 )
 from controller.policy import PoolObservation, ScalingPlan
 from controller.policy.dynamo import DynamoConfig, DynamoState, decide_dynamo
-from controller.policy.mixed_node import node_plan
 from controller.policy.reactive import ReactiveConfig, ReactiveState, decide_reactive
 from controller.policy.types import PoolCapacity
 from controller.sources.aggregate import LoadAggregator, PoolLoad
@@ -79,14 +79,6 @@ def _mixed_node_config(config: C, spec: PoolSpec, policy: str) -> C:
                 )
             update[name] = 0
     return config.model_copy(update=update) if update else config
-
-
-def pool_plan(plan: ScalingPlan, spec: PoolSpec) -> ScalingPlan:
-    """The plan the pool's actuator gets: for a mixed-node pool, whole nodes (``node_plan``: both roles at
-    the larger need, the binding role in the reasons), within the pool's bounds of both roles."""
-    if spec.placement != "mixed-node":
-        return plan
-    return node_plan(plan, max(spec.prefill.min, spec.decode.min), min(spec.prefill.max, spec.decode.max))
 
 
 @dataclass
