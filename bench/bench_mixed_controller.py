@@ -36,7 +36,6 @@ import controller.replay_policies  # noqa: F401  (registers the controller's pol
 from controller.config import PolicyConfig
 from controller.replay_policies import PredictivePolicy
 from forecaster.baselines import Holt
-from forecaster.types import Forecaster
 from serving.sim.fleet import FleetSpec, single_pool
 from serving.sim.plan import poisson_trace
 from serving.sim.replay import PolicyOptions, ReplayPolicy, make_policy, replay
@@ -68,13 +67,9 @@ def load(name: str) -> tuple[Trace, float, float]:
     return read_trace(TRACES[name]), 1000.0, 50.0
 
 
-def holt() -> Forecaster:
-    return Holt()
-
-
 def policy(name: str) -> ReplayPolicy:
     if name == "predictive":
-        return PredictivePolicy(PolicyConfig(), forecaster=holt)
+        return PredictivePolicy(PolicyConfig(), forecaster=Holt)
     return make_policy(name, PolicyOptions())
 
 

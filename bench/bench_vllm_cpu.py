@@ -258,12 +258,12 @@ def _engine_steps_of(its: Iterations, prompt_tokens: int) -> list[tuple[float, i
     return [(float(its.elapsed_ms[i]), int(its.gen_requests[i])) for i in hit]
 
 
-def _match_engine(rows: list[ProbeRow], its: Iterations, key: Callable[[ProbeRow], bool]) -> list[ProbeRow]:
-    """Fill ``engine_step_ms`` of the rows selected by ``key`` from the log, in order per prompt length; a
-    length whose count of logged steps differs from its count of probes is left unmatched (NaN)."""
+def _match_engine(rows: list[ProbeRow], its: Iterations) -> list[ProbeRow]:
+    """Fill the rows' ``engine_step_ms`` from the log, in order per prompt length; a length whose count of
+    logged steps differs from its count of probes is left unmatched (NaN)."""
     out = list(rows)
-    for n in {r.prompt_tokens for r in rows if key(r)}:
-        idx = [i for i, r in enumerate(rows) if key(r) and r.prompt_tokens == n]
+    for n in {r.prompt_tokens for r in rows}:
+        idx = [i for i, r in enumerate(rows) if r.prompt_tokens == n]
         steps = _engine_steps_of(its, n)
         if len(steps) != len(idx):
             print(f"probe: {len(steps)} logged steps of {n} prompt tokens for {len(idx)} probes: unmatched")
@@ -362,14 +362,14 @@ def probe_rows(
             )
             time.sleep(0.3)  # the API process logs a step shortly after it
             batch = [ProbeRow(**(asdict(r) | {"rep": rnd})) for r in batch]
-            rows += _match_engine(batch, parse_iterations(cursor.read()), lambda r: True)
+            rows += _match_engine(batch, parse_iterations(cursor.read()))
         print(f"admit probes, round {rnd + 1}/{reps}: {len(rows)} rows")
     if idle_reps <= 0:
         return rows
     cursor = LogCursor(server.log_path)
     idle = asyncio.run(_idle_batch(server.url, vocab, idle_reps, seed + 31))
     time.sleep(0.5)
-    rows += _match_engine(idle, parse_iterations(cursor.read()), lambda r: True)
+    rows += _match_engine(idle, parse_iterations(cursor.read()))
     print(f"idle probes: {len(idle)} rows")
     return rows
 

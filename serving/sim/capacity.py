@@ -263,6 +263,30 @@ def instances_needed(
     )
 
 
+def derived_busy_slowdown(
+    decode_profile: HardwareProfile,
+    model: LatencyModel,
+    slo_itl_ms: float,
+    mean_context_tokens: float,
+    prompts_per_iteration: int,
+    mean_prompt_tokens: float,
+) -> float:
+    """A mixed node's decode step stretch while its prefill instance works, derived at the operating point
+    (``serving.sim.interference.busy_slowdown``): a full decode batch at the ITL SLO on ``decode_profile``
+    (``mean_context_tokens`` of KV per sequence; batch 1 when none meets the SLO) beside a packed prefill
+    iteration of ``prompts_per_iteration`` mean prompts. Shared by :func:`mixed_node_capacity` and the
+    planner (``serving.sim.plan.plan_mixed_node``)."""
+    from serving.sim.interference import busy_slowdown
+
+    ctx = max(mean_context_tokens, 1.0)
+    try:
+        batch = max(decode_capacity(decode_profile, model, slo_itl_ms, ctx).max_batch, 1)
+    except CapacityError:
+        batch = 1
+    iteration = max(prompts_per_iteration, 1) * max(round(mean_prompt_tokens), 1)
+    return busy_slowdown(model, batch, round(batch * ctx), iteration)
+
+
 @dataclass(frozen=True)
 class MixedNodeCapacity:
     """What one PD-mixed node sustains: its prefill instance (at the node's ``prefill_mem_frac`` of the KV
@@ -300,7 +324,7 @@ def mixed_node_capacity(
     (``serving.sim.interference.busy_slowdown``) for a full decode batch at the SLO beside a packed prefill
     iteration of mean prompts.
     """
-    from serving.sim.interference import busy_slowdown, mean_slowdown
+    from serving.sim.interference import mean_slowdown
 
     if not 0.0 < prefill_mem_frac < 1.0:
         raise CapacityError(f"prefill_mem_frac must lie in (0, 1), got {prefill_mem_frac!r}")
@@ -311,9 +335,9 @@ def mixed_node_capacity(
     pre = prefill_capacity(pre_profile, model, slo_ttft_ms, mean_prompt_tokens, quantile=quantile)
     ctx = mean_prompt_tokens + mean_output_tokens / 2.0
     if slowdown is None:
-        batch = max(decode_capacity(dec_profile, model, slo_itl_ms, ctx).max_batch, 1)
-        iteration = max(pre.prompts_per_iteration, 1) * max(round(mean_prompt_tokens), 1)
-        slowdown = busy_slowdown(model, batch, round(batch * ctx), iteration)
+        slowdown = derived_busy_slowdown(
+            dec_profile, model, slo_itl_ms, ctx, pre.prompts_per_iteration, mean_prompt_tokens
+        )
     busy = pre.utilisation
     if prompt_tps_per_node is not None and math.isfinite(prompt_tps_per_node) and pre.utilisation > 0:
         full_tps = pre.tokens_per_s / pre.utilisation  # prompt tokens/s of an always-busy prefill instance

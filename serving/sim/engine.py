@@ -169,12 +169,9 @@ class _Pool:
         self.latency = latency
         self.router: Router = make_router(spec.router)
         self.entry_role = "prefill" if spec.disaggregated else "mixed"
-        # the latency model's admission delay (0 / absent: requests are queued on arrival at the instance)
+        # the latency model's admission delay (absent, or 0 for a call: the request is queued on arrival)
         delay = getattr(latency, "admission_delay_ms", None)
-        late = any(
-            float(getattr(latency, k, 0.0)) > 0 for k in ("admission_busy_ms", "admission_ms_per_running_seq")
-        )
-        self.admission_delay_ms: Callable[[int], float] | None = delay if late and callable(delay) else None
+        self.admission_delay_ms: Callable[[int], float] | None = delay if callable(delay) else None
         self.ready: dict[str, list[Instance]] = {r: [] for r in ROLES}
         self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
         self.gateway: dict[str, GatewayQueue] = {r: GatewayQueue() for r in ROLES}  # GatewayPolicy on only

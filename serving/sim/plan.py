@@ -36,10 +36,10 @@ from serving.pools.local import (
     MIXED_NODE_DEFAULT_TOTAL,
     mixed_node_share_problems,
 )
-from serving.sim.capacity import CapacityError, InstancesNeeded, decode_capacity, instances_needed
+from serving.sim.capacity import CapacityError, InstancesNeeded, derived_busy_slowdown, instances_needed
 from serving.sim.fleet import FleetSpec, PoolSpec, single_pool
 from serving.sim.hardware import HardwareProfile, get_profile
-from serving.sim.interference import busy_slowdown
+from serving.sim.interference import mean_slowdown
 from serving.sim.latency import LatencyModel, latency_model_for
 from serving.workload.trace import Trace
 
@@ -579,7 +579,7 @@ class MixedNodePlan:
 
     @property
     def effective_slowdown(self) -> float:
-        return 1.0 + (self.busy_slowdown - 1.0) * self.prefill_busy
+        return mean_slowdown(self.busy_slowdown, self.prefill_busy)
 
     @property
     def gpus(self) -> int:
@@ -648,18 +648,18 @@ def plan_mixed_node(
     # derived at the operating point: a full decode batch beside a packed prefill iteration
     if slowdown is None:
         dl = sizing.decode_load
-        mean_ctx = max(dl.mean_prompt_tokens + dl.mean_output_tokens / 2.0, 1.0)
-        try:
-            batch = max(decode_capacity(dec_profile, model, slo_itl_ms, mean_ctx).max_batch, 1)
-        except CapacityError:
-            batch = 1
-        ctx = round(batch * mean_ctx)
-        it_tokens = max(cap.prompts_per_iteration, 1) * max(round(sizing.prefill_load.mean_prompt_tokens), 1)
-        slowdown = busy_slowdown(model, batch, ctx, it_tokens)
+        slowdown = derived_busy_slowdown(
+            dec_profile,
+            model,
+            slo_itl_ms,
+            dl.mean_prompt_tokens + dl.mean_output_tokens / 2.0,
+            cap.prompts_per_iteration,
+            sizing.prefill_load.mean_prompt_tokens,
+        )
     last: PlanError | None = None
     for nodes in range(max(pre.prefill, 1), MAX_MIXED_NODES + 1):
         busy = min(busy_total / nodes, 1.0)
-        eff = 1.0 + (slowdown - 1.0) * busy
+        eff = mean_slowdown(slowdown, busy)
         try:
             dec = _need(
                 dec_profile, model, sizing.decode_load, sizing.name, slo_ttft_ms, slo_itl_ms / eff, headroom

@@ -147,14 +147,14 @@ def replay_cmd(
         ),
     ] = "off",
     gateway_max_waiting: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--gateway-max-waiting",
             min=1,
             help="With --gateway-queue on: an instance's waiting"
-            " requests below which it takes one from the gateway.",
+            " requests below which it takes one from the gateway (default 5).",
         ),
-    ] = 5,
+    ] = None,
     predict_output: Annotated[
         bool,
         typer.Option(
@@ -206,6 +206,7 @@ def replay_cmd(
             "--standby": standby or None, "--predict-output": predict_output or None,
             "--placement": placement, "--mixed-node-slowdown": mixed_node_slowdown,
             "--gateway-queue on": None if gateway_queue == "off" else gateway_queue,
+            "--gateway-max-waiting": gateway_max_waiting,
         }  # fmt: skip
         clash = [k for k, v in given.items() if v is not None]
         if clash:
@@ -291,11 +292,16 @@ def replay_cmd(
         console.print(f"wrote {plot}")
 
 
-def _gateway(switch: str, max_waiting: int) -> GatewayPolicy | None:
-    """``--gateway-queue on|off`` as the replay's gateway policy (None = off)."""
+def _gateway(switch: str, max_waiting: int | None) -> GatewayPolicy | None:
+    """``--gateway-queue on|off`` as the replay's gateway policy (None = off); ``--gateway-max-waiting``
+    without ``--gateway-queue on`` is refused (it would be ignored)."""
     if switch not in ("on", "off"):
         raise ValueError(f"--gateway-queue must be on or off, got {switch!r}")
-    return GatewayPolicy(max_waiting=max_waiting) if switch == "on" else None
+    if switch == "off":
+        if max_waiting is not None:
+            raise ValueError("--gateway-max-waiting applies with --gateway-queue on only")
+        return None
+    return GatewayPolicy() if max_waiting is None else GatewayPolicy(max_waiting=max_waiting)
 
 
 def _override(

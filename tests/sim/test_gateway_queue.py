@@ -273,3 +273,8 @@ def test_cli_gateway_queue_reaches_the_simulator(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "--gateway-queue must be on or off" in bad.output
     clash = CliRunner().invoke(app, ["--fleet", str(path), "--gateway-queue", "on"])
     assert clash.exit_code == 2 and "--gateway-queue on" in clash.output
+    ignored = CliRunner().invoke(app, [*base, "--gateway-max-waiting", "3"])
+    assert (
+        ignored.exit_code == 2
+        and "--gateway-max-waiting applies with --gateway-queue on only" in ignored.output
+    )
