@@ -287,17 +287,7 @@ def fit_cmd(
 
     if not trace and prometheus is None and synthetic == 0:
         raise typer.BadParameter("give at least one --trace FILE, --prometheus URL, or --synthetic N > 0")
-    sources, frames = _load_sources(
-        trace, fmt, prometheus, range_=range_, step=step, end=end, node_label=node_label,
-        query_timeout_s=query_timeout_s,
-    )  # fmt: skip
-    labels = LabelConfig(
-        horizon_s=horizon_s,
-        lead_s=burst_lead_s,
-        after_s=burst_after_s,
-        holdout_frac=holdout_frac,
-        val_frac=val_frac,
-    )
+    # option checks before any source is read (a Prometheus range can take minutes)
     rates = _float_list(rate_range, "--rate-range")
     if len(rates) != 2 or not 0 < rates[0] <= rates[1]:
         raise typer.BadParameter(f"--rate-range {rate_range!r}: give LOW,HIGH with 0 < LOW <= HIGH")
@@ -312,6 +302,17 @@ def fit_cmd(
         schema = dataclasses.replace(
             schema, version=LEVEL_SCHEMA_VERSION, level_halflife_s=level_halflife_s, level_of=level_of
         )
+    sources, frames = _load_sources(
+        trace, fmt, prometheus, range_=range_, step=step, end=end, node_label=node_label,
+        query_timeout_s=query_timeout_s,
+    )  # fmt: skip
+    labels = LabelConfig(
+        horizon_s=horizon_s,
+        lead_s=burst_lead_s,
+        after_s=burst_after_s,
+        holdout_frac=holdout_frac,
+        val_frac=val_frac,
+    )
     masking = MaskingConfig()
     augment = AugmentConfig(
         rate_range=(rates[0], rates[1]),
