@@ -387,26 +387,27 @@ class Normalizer:
             )
         if targets.shape[-1] != k or targets.shape[:-1] != x_raw.shape[:-1]:
             raise FeatureError(f"targets has shape {targets.shape}, expected {(*x_raw.shape[:-1], k)}")
-        x_off = (
-            np.zeros(x_raw.shape) if input_offsets is None else np.asarray(input_offsets, dtype=np.float64)
-        )
-        y_off = (
-            np.zeros(targets.shape)
-            if target_offsets is None
-            else np.asarray(target_offsets, dtype=np.float64)
-        )
-        if x_off.shape != x_raw.shape or y_off.shape != targets.shape:
-            raise FeatureError(
-                f"input_offsets {x_off.shape} / target_offsets {y_off.shape} must match x_raw {x_raw.shape} "
-                f"/ targets {targets.shape}"
-            )
+        # offsets: 0.0 (a scalar, no full-size array of zeros) when not level-relative
+        x_off: np.ndarray | float = 0.0
+        y_off: np.ndarray | float = 0.0
+        if input_offsets is not None:
+            x_off = np.asarray(input_offsets, dtype=np.float64)
+            if x_off.shape != x_raw.shape:
+                raise FeatureError(f"input_offsets {x_off.shape} must match x_raw {x_raw.shape}")
+        if target_offsets is not None:
+            y_off = np.asarray(target_offsets, dtype=np.float64)
+            if y_off.shape != targets.shape:
+                raise FeatureError(f"target_offsets {y_off.shape} must match targets {targets.shape}")
         if train_end is not None:
+            y_end = max(train_end - horizon_steps, 0)
             x_raw, mask = x_raw[..., :train_end, :], mask[..., :train_end, :]
-            x_off = x_off[..., :train_end, :]
-            targets = targets[..., : max(train_end - horizon_steps, 0), :]
-            y_off = y_off[..., : max(train_end - horizon_steps, 0), :]
+            targets = targets[..., :y_end, :]
+            if isinstance(x_off, np.ndarray):
+                x_off = x_off[..., :train_end, :]
+            if isinstance(y_off, np.ndarray):
+                y_off = y_off[..., :y_end, :]
         log1p = np.array([ch not in _LINEAR_CHANNELS for ch in schema.channels])
-        xt = _transform(x_raw.reshape(-1, c), log1p) - x_off.reshape(-1, c)
+        xt = (_transform(x_raw, log1p) - x_off).reshape(-1, c)
         ok = mask.reshape(-1, c) & np.isfinite(xt)
         mean, std = _masked_stats(xt, ok)
         yt = (np.log1p(np.where(targets >= 0, targets, np.nan)) - y_off).reshape(-1, k)
@@ -461,7 +462,7 @@ class Normalizer:
             logs = logs + offsets
         with np.errstate(over="ignore"):
             t = np.expm1(logs)
-        out: np.ndarray = np.where(np.isnan(t), np.nan, np.maximum(t, 0.0))
+        out: np.ndarray = np.maximum(t, 0.0)  # NaN (unknown offset) stays NaN
         return out
 
     def to_dict(self) -> dict[str, Any]:

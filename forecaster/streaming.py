@@ -39,7 +39,7 @@ from forecaster.features import (
     level_offsets,
     level_series,
 )
-from forecaster.network import LstmAttentionNet, Output
+from forecaster.network import LstmAttentionNet, Output, decode_quantiles
 from forecaster.types import ForecastBatch
 
 
@@ -256,9 +256,7 @@ class LearnedForecaster:
                 z = encode_inputs(x[lo:hi], m, self.normalizer, times_s, self.schema, desc, lv)
                 out = self.net(torch.from_numpy(z))
                 q[lo:hi], logit[lo:hi] = out.quantiles.numpy(), out.burst_logit.numpy()
-        # [N, T, 1, K]: the same offset for every quantile
-        y_q = None if y_off is None else y_off[..., None, :]
-        totals = np.moveaxis(self.normalizer.denormalize_targets(np.moveaxis(q, -1, -2), y_q), -2, -1)
+        totals = decode_quantiles(q, self.normalizer, y_off)
         totals[stale] = np.nan
         burst = 1.0 / (1.0 + np.exp(-logit))
         burst[stale] = np.nan
@@ -273,10 +271,7 @@ class LearnedForecaster:
         )
 
     def _decode(self, out: Output, offsets: np.ndarray | None = None) -> np.ndarray:
-        q = out.quantiles.numpy()  # [N, K, Q] normalised
-        moved = np.moveaxis(q, -1, -2)
-        off = None if offsets is None else offsets[:, None, :]  # [N, 1, K]: the same for every quantile
-        return np.moveaxis(self.normalizer.denormalize_targets(moved, off), -2, -1)
+        return decode_quantiles(out.quantiles, self.normalizer, offsets)  # [N, K, Q] normalised → totals
 
     @torch.inference_mode()
     def step_encoded(self, z: Tensor) -> Output:

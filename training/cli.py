@@ -280,13 +280,28 @@ def fit_cmd(
 
     import numpy as np
 
-    from forecaster.features import DEFAULT_SCHEMA, LEVEL_SCHEMA_VERSION, POOL_SCHEMA
+    from forecaster.features import DEFAULT_SCHEMA, LEVEL_SCHEMA_VERSION, LEVEL_SOURCES, POOL_SCHEMA
     from training.augment import MaskingConfig
     from training.datamodule import WindowConfig
     from training.fit import AugmentConfig, LabelConfig, TrainerConfig, build_series, fit_forecaster
 
     if not trace and prometheus is None and synthetic == 0:
         raise typer.BadParameter("give at least one --trace FILE, --prometheus URL, or --synthetic N > 0")
+    # option checks before any source is read (a Prometheus range can take minutes)
+    rates = _float_list(rate_range, "--rate-range")
+    if len(rates) != 2 or not 0 < rates[0] <= rates[1]:
+        raise typer.BadParameter(f"--rate-range {rate_range!r}: give LOW,HIGH with 0 < LOW <= HIGH")
+    if level_halflife_s < 0:
+        raise typer.BadParameter(f"--level-halflife-s {level_halflife_s}: must be >= 0 seconds (0 = off)")
+    if level_of not in LEVEL_SOURCES:
+        raise typer.BadParameter(f"--level-of {level_of!r}: one of {', '.join(LEVEL_SOURCES)}")
+    if level_of != "own" and level_halflife_s == 0:
+        raise typer.BadParameter(f"--level-of {level_of!r} needs --level-halflife-s > 0 (it is off)")
+    schema = POOL_SCHEMA if pool_features else DEFAULT_SCHEMA
+    if level_halflife_s > 0:
+        schema = dataclasses.replace(
+            schema, version=LEVEL_SCHEMA_VERSION, level_halflife_s=level_halflife_s, level_of=level_of
+        )
     sources, frames = _load_sources(
         trace, fmt, prometheus, range_=range_, step=step, end=end, node_label=node_label,
         query_timeout_s=query_timeout_s,
@@ -298,18 +313,6 @@ def fit_cmd(
         holdout_frac=holdout_frac,
         val_frac=val_frac,
     )
-    rates = _float_list(rate_range, "--rate-range")
-    if len(rates) != 2 or not 0 < rates[0] <= rates[1]:
-        raise typer.BadParameter(f"--rate-range {rate_range!r}: give LOW,HIGH with 0 < LOW <= HIGH")
-    if level_halflife_s < 0:
-        raise typer.BadParameter(f"--level-halflife-s {level_halflife_s}: must be >= 0 seconds (0 = off)")
-    schema = POOL_SCHEMA if pool_features else DEFAULT_SCHEMA
-    if level_halflife_s > 0:
-        if level_of not in ("own", "arrivals"):
-            raise typer.BadParameter(f"--level-of {level_of!r}: one of own, arrivals")
-        schema = dataclasses.replace(
-            schema, version=LEVEL_SCHEMA_VERSION, level_halflife_s=level_halflife_s, level_of=level_of
-        )
     masking = MaskingConfig()
     augment = AugmentConfig(
         rate_range=(rates[0], rates[1]),

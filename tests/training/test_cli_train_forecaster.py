@@ -95,3 +95,20 @@ def test_tiny_fit_from_prometheus_history(prometheus_bin: str, tmp_path: Path) -
     src = meta["sources"][0]
     assert src["kind"] == "prometheus" and src["nodes"] == ["gpu-0"] and src["steps"] == n_t
     assert src["train_steps"] == int(n_t * 0.6)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--level-halflife-s", "30", "--level-of", "bogus"], "--level-of 'bogus': one of own, arrivals"),
+        (["--level-of", "arrivals"], "--level-of 'arrivals' needs --level-halflife-s > 0"),
+    ],
+    ids=["unknown", "without-level-schema"],
+)
+def test_fit_rejects_a_bad_or_unused_level_of(tmp_path: Path, extra: list[str], named: str) -> None:
+    trace = tmp_path / "empty.csv"  # checked before any trace is read: an empty file will do
+    trace.write_text("")
+    args = ["fit", "--trace", str(trace), "--out", str(tmp_path / "out"), *extra]
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0
+    assert named in " ".join(result.output.replace("│", " ").split())  # the error box wraps lines
