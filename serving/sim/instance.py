@@ -236,6 +236,7 @@ class Instance:
         self.version = 0  # bumps invalidate pending segment/lifecycle events
         # batching
         self.load = 0  # requests held: waiting + running (what a least-loaded router compares)
+        self.admitting = 0  # requests on their way in (the admission delay), counted in load too
         self.waiting: list[tuple[int, int]] = []  # heap of (priority, request id)
         self.prefilling: list[int] = []
         self.decoding: dict[int, None] = {}  # ordered set of decoding request ids
@@ -469,6 +470,7 @@ class Instance:
         self.waiting, self.prefilling, self.decoding, self._finish = [], [], {}, []
         self.used_blocks = 0
         self.load = 0
+        self.admitting = 0  # those on their way in are re-routed when their delay ends (Simulator._on_admit)
         self.busy = False
         self.version += 1
         for rid in rids:
