@@ -32,6 +32,8 @@ fitted for ``cpu-tiny``); TTFT and e2e count from the arrival. The entry instanc
 it into its queue ``admission_delay_ms(sequences decoding there)`` later (the API server busy with running
 streams; 0 for the GPU profiles, then the request is queued at once): meanwhile it counts in that instance's
 ``load`` for the router, and if the instance has left service by then it is routed again (no second delay).
+A latency model keyed on the streams' age (``admission_young_tokens`` > 0) is also told how many of those
+sequences are young (fewer output tokens than that, counting the steps of a decode run done by then).
 An arrival parked first (at the gateway queue, or at the router queue while no instance of its role is active)
 pays the delay at the instance that takes it from there; while on its way in it counts against that
 instance's gateway room.
@@ -174,7 +176,9 @@ class _Pool:
         self.entry_role = "prefill" if spec.disaggregated else "mixed"
         # the latency model's admission delay (absent, or 0 for a call: the request is queued on arrival)
         delay = getattr(latency, "admission_delay_ms", None)
-        self.admission_delay_ms: Callable[[int], float] | None = delay if callable(delay) else None
+        self.admission_delay_ms: Callable[..., float] | None = delay if callable(delay) else None
+        # streams younger than this many output tokens count as young for it (0: not keyed on age)
+        self.admission_young_tokens = float(getattr(latency, "admission_young_tokens", 0.0) or 0.0)
         self.ready: dict[str, list[Instance]] = {r: [] for r in ROLES}
         self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
         self.gateway: dict[str, GatewayQueue] = {r: GatewayQueue() for r in ROLES}  # GatewayPolicy on only
@@ -427,7 +431,11 @@ class Simulator:
         self._unadmitted.discard(rid)
         if pool.admission_delay_ms is None:
             return False
-        delay_ms = float(pool.admission_delay_ms(len(inst.decoding)))
+        if pool.admission_young_tokens > 0.0:
+            young = inst.young_decoding(self.req, self.now_s, pool.admission_young_tokens)
+            delay_ms = float(pool.admission_delay_ms(len(inst.decoding), young))
+        else:
+            delay_ms = float(pool.admission_delay_ms(len(inst.decoding)))
         if delay_ms <= 0.0:
             return False
         inst.load += 1  # on its way in: the router sees it

@@ -320,6 +320,15 @@ class Instance:
             return req.ctx[rid] + self.step - req.join[rid]
         return req.ctx[rid]
 
+    def young_decoding(self, req: RequestTable, now_s: float, tokens: float) -> int:
+        """Decoding sequences that have generated fewer than ``tokens`` tokens by ``now_s`` (the steps of a
+        decode run in progress done by then included). O(batch): called once per arrival, and only for a
+        latency model keyed on the streams' age."""
+        done = self._steps_done(now_s) if self.busy and self._run else 0
+        base = self.step + done
+        gen, join = req.gen, req.join
+        return sum(1 for rid in self.decoding if gen[rid] + base - join[rid] < tokens)
+
     # -- decode-run arithmetic ---------------------------------------------------------------------------
     def _run_ms(self, steps: int) -> float:
         return self._run_first_ms * steps + self._run_slope_ms * steps * (steps - 1) / 2.0

@@ -61,6 +61,13 @@ Two more named terms of the same kind (0 for the GPU profiles; fitted for ``cpu-
   sequences decode there is handed to its engine that much later (on a CPU server the API process, busy with
   the running streams' per-token output work on the same cores, is slow to take it in and to send its first
   token). Applied once, at the entry instance, on top of ``request_overhead_ms``.
+- young-stream admission delay (``admission_young_busy_ms`` if ``young`` > 0, plus
+  ``admission_ms_per_young_seq`` × ``young``, where ``young`` counts the decoding sequences that have generated
+  fewer than ``admission_young_tokens`` tokens): keyed on what the running streams do rather than on their count.
+  Measured (session 5, bench_vllm_cpu.py ``--probe`` with long background streams and with loops of 32-token
+  requests): a request arriving among long-running streams pays nothing, one arriving among short, young
+  requests pays ~70-90 ms outside the engine (the API server busy starting and finishing requests). Added to
+  the count-keyed delay above; ``fit_admission_by_age`` fits all four from both probe designs together.
 - wake-up (``wake_up_ms`` after ``idle_after_s``): the first step an instance starts after at least
   ``idle_after_s`` without work starts that much later (vLLM's engine core and worker stop busy-polling their
   shared-memory queues after 1 s idle, ``SpinCondition.busy_loop_s`` in ``shm_broadcast.py``, and must be
@@ -283,8 +290,9 @@ class OperatorLatencyModel:
     admission_ms_per_running_seq: float = 0.0
     wake_up_ms: float = 0.0
     idle_after_s: float = DEFAULT_IDLE_AFTER_S
+    admission_young_tokens: float = 0.0
 
-    def admission_delay_ms(self, running: int) -> float:
+    def admission_delay_ms(self, running: int, young: int = 0) -> float:
         """No admission delay on the GPU profiles (module docstring)."""
         return 0.0
 
@@ -761,6 +769,9 @@ class LinearLatencyModel:
         admission_ms_per_running_seq: float = 0.0,
         wake_up_ms: float = 0.0,
         idle_after_s: float = DEFAULT_IDLE_AFTER_S,
+        admission_young_busy_ms: float = 0.0,
+        admission_ms_per_young_seq: float = 0.0,
+        admission_young_tokens: float = 0.0,
     ) -> None:
         missing = [k for k in LINEAR_COEFFICIENTS if k not in coefficients]
         if missing:
@@ -775,6 +786,9 @@ class LinearLatencyModel:
             "admission_busy_ms": admission_busy_ms,
             "admission_ms_per_running_seq": admission_ms_per_running_seq,
             "wake_up_ms": wake_up_ms,
+            "admission_young_busy_ms": admission_young_busy_ms,
+            "admission_ms_per_young_seq": admission_ms_per_young_seq,
+            "admission_young_tokens": admission_young_tokens,
         }
         for name, value in terms.items():
             if not (math.isfinite(float(value)) and float(value) >= 0):
@@ -788,6 +802,16 @@ class LinearLatencyModel:
         self.admission_ms_per_running_seq = float(admission_ms_per_running_seq)
         self.wake_up_ms = float(wake_up_ms)
         self.idle_after_s = float(idle_after_s)
+        self.admission_young_busy_ms = float(admission_young_busy_ms)
+        self.admission_ms_per_young_seq = float(admission_ms_per_young_seq)
+        # streams that have generated fewer tokens than this are "young" (0: the young terms are off)
+        young_on = self.admission_young_busy_ms > 0 or self.admission_ms_per_young_seq > 0
+        self.admission_young_tokens = float(admission_young_tokens) if young_on else 0.0
+        if young_on and self.admission_young_tokens <= 0:
+            raise ProfileError(
+                f"profile {profile.name!r}: admission_young_tokens must be > 0 when a young admission term is "
+                f"set, got {admission_young_tokens}"
+            )
         self._profile = profile
         self.coefficients = {k: float(coefficients[k]) for k in LINEAR_COEFFICIENTS}
         self.source = source
@@ -797,11 +821,15 @@ class LinearLatencyModel:
     def profile(self) -> HardwareProfile:
         return self._profile
 
-    def admission_delay_ms(self, running: int) -> float:
-        """Delay before a request reaches the engine of an instance where ``running`` sequences decode."""
+    def admission_delay_ms(self, running: int, young: int = 0) -> float:
+        """Delay before a request reaches the engine of an instance where ``running`` sequences decode,
+        ``young`` of them fewer than ``admission_young_tokens`` tokens into their output (module docstring)."""
         if running <= 0:
             return 0.0
-        return self.admission_busy_ms + self.admission_ms_per_running_seq * running
+        delay = self.admission_busy_ms + self.admission_ms_per_running_seq * running
+        if young > 0:
+            delay += self.admission_young_busy_ms + self.admission_ms_per_young_seq * young
+        return delay
 
     def iteration_ms(
         self,
@@ -875,6 +903,9 @@ LINEAR_OVERHEADS: tuple[str, ...] = (
     "admission_ms_per_running_seq",
     "wake_up_ms",
     "idle_after_s",
+    "admission_young_busy_ms",
+    "admission_ms_per_young_seq",
+    "admission_young_tokens",
 )
 
 
@@ -1019,6 +1050,57 @@ def fit_admission_delay(running: Any, ttft_ms: Any, modelled_ms: Any) -> dict[st
         "admission_ms_per_running_seq": float(coef[1]),
         "baseline_ms": baseline,
         "per_running_ms": per,
+        "n_rows": int(keep.sum()),
+        "max_abs_err_ms": float(np.max(np.abs(fitted - ys))),
+    }
+
+
+def fit_admission_by_age(running: Any, young: Any, ttft_ms: Any, modelled_ms: Any) -> dict[str, Any]:
+    """The four admission terms from probe rows of several designs together: ``running`` sequences decode when
+    the probe is sent, ``young`` of them young (fewer than ``admission_young_tokens`` tokens out: every stream
+    of a loop of short requests, none of a long stream's); ``ttft_ms`` and ``modelled_ms`` as
+    :func:`fit_admission_delay`'s.
+
+    Per (running, young) group the median of ``ttft_ms - modelled_ms`` less the median at ``running`` = 0 (over
+    all designs), then non-negative least squares of the group values on
+    ``busy·[running>0] + per_seq·running + young_busy·[young>0] + per_young·young``. Returns
+    ``{"admission_busy_ms", "admission_ms_per_running_seq", "admission_young_busy_ms",
+    "admission_ms_per_young_seq", "baseline_ms", "per_group_ms": {"running/young": value}, "n_rows",
+    "max_abs_err_ms"}``. Raises ValueError naming what is missing.
+
+    Example: ``fit_admission_by_age([0, 2, 2], [0, 0, 2], [20.0, 21.0, 90.0], [18.0, 19.0, 19.0])``.
+    """
+    b = np.asarray(running, dtype=np.float64).ravel()
+    g = np.asarray(young, dtype=np.float64).ravel()
+    e = np.asarray(ttft_ms, dtype=np.float64).ravel()
+    w = np.asarray(modelled_ms, dtype=np.float64).ravel()
+    if not (len(b) == len(g) == len(e) == len(w)):
+        raise ValueError(
+            f"fit_admission_by_age: running ({len(b)}), young ({len(g)}), ttft_ms ({len(e)}) and modelled_ms "
+            f"({len(w)}) differ in length"
+        )
+    keep = np.isfinite(b) & np.isfinite(g) & np.isfinite(e) & np.isfinite(w) & (b >= 0) & (g >= 0) & (g <= b)
+    b, g, y = b[keep], g[keep], e[keep] - w[keep]
+    if not np.any(b == 0):
+        raise ValueError("fit_admission_by_age: no finite row with running = 0 (the baseline)")
+    groups = sorted({(float(x), float(z)) for x, z in zip(b, g, strict=True) if x > 0})
+    if not groups:
+        raise ValueError("fit_admission_by_age: no finite row with running > 0")
+    baseline = float(np.median(y[b == 0]))
+    per = {(x, z): float(np.median(y[(b == x) & (g == z)])) - baseline for x, z in groups}
+    xs = np.array([x for x, _ in groups])
+    zs = np.array([z for _, z in groups])
+    ys = np.array(list(per.values()))
+    design = np.column_stack([np.ones_like(xs), xs, (zs > 0).astype(np.float64), zs])
+    coef = _nnls(design, ys)
+    fitted = design @ coef
+    return {
+        "admission_busy_ms": float(coef[0]),
+        "admission_ms_per_running_seq": float(coef[1]),
+        "admission_young_busy_ms": float(coef[2]),
+        "admission_ms_per_young_seq": float(coef[3]),
+        "baseline_ms": baseline,
+        "per_group_ms": {f"{int(x)}/{int(z)}": v for (x, z), v in per.items()},
         "n_rows": int(keep.sum()),
         "max_abs_err_ms": float(np.max(np.abs(fitted - ys))),
     }
