@@ -562,6 +562,7 @@ def write_profile(
     probe_terms: tuple[dict[str, Any], dict[str, Any], int] | None = None,
     probes_path: Path = PROBES_CSV,
     probes_short_path: Path = PROBES_SHORT_CSV,
+    stalls: dict[str, Any] | None = None,
 ) -> None:
     """Overwrite ``coefficients``, ``overheads`` and ``source`` in ``json_path`` (other fields are kept).
     ``probe_terms``: (``fit_admission_delay``, ``fit_wake_up``, probe rows) results; None = those terms 0."""
@@ -609,6 +610,17 @@ def write_profile(
             f"busy + per_seq*running (max miss {admission['max_abs_err_ms']:.1f} ms). wake_up_ms: fit_wake_up on the "
             f"{wake['n_rows']} idle rows, median TTFT after gaps >= {wake['idle_after_s']:g} s less shorter gaps, "
             "median over prompt lengths"
+        )
+    if stalls is not None:
+        doc["overheads"] |= {
+            "decode_stall_fraction": round(stalls["decode_stall_fraction"], 6),
+            "decode_stall_ms": round(stalls["decode_stall_ms"], 4),
+            "decode_stall_seed": 0,
+        }
+        source += (
+            f". decode_stall_fraction / decode_stall_ms: fit_decode_stalls on the {stalls['n_steps']} engine-timed "
+            f"decode steps of the CSV ({stalls['n_stalled']} above {stalls['threshold']:g}x their configuration's "
+            "median; the stall = their median excess)"
         )
     doc["source"] = source
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -725,8 +737,23 @@ def probe_fits(
     return admission, wake
 
 
+def stall_fit(data: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``fit_decode_stalls`` on the engine-timed decode rows (``engine_decode``: every step while a batch of B
+    decodes, grouped by configuration)."""
+    from serving.sim.latency import fit_decode_stalls
+
+    rows = data["kind"] == "engine_decode"
+    return fit_decode_stalls(data["iteration_ms"][rows], data["config"][rows])
+
+
 def _fit_report(data: dict[str, np.ndarray], args: argparse.Namespace) -> None:
     overhead = request_overhead(data)
+    stalls = stall_fit(data)
+    print(
+        f"decode stalls (engine-timed decode steps above {stalls['threshold']:g}x their configuration's median): "
+        f"{stalls['n_stalled']} of {stalls['n_steps']} = {stalls['decode_stall_fraction']:.3%}, median excess "
+        f"{stalls['decode_stall_ms']:.2f} ms"
+    )
     print(
         f"request overhead (client - engine-timed, same prefill request): {overhead['request_overhead_ms']:.2f} ms "
         f"(median of per-configuration medians; {overhead['n_pairs']} pairs, p10 {overhead['diff_p10_ms']:.2f}, "
@@ -783,6 +810,7 @@ def _fit_report(data: dict[str, np.ndarray], args: argparse.Namespace) -> None:
                 probe_terms,
                 args.probes_csv,
                 args.probes_short_csv or PROBES_SHORT_CSV,
+                stalls,
             )
             print(f"wrote coefficients (client-timed median fit), overheads and source to {args.json}")
 

@@ -68,6 +68,9 @@ Two more named terms of the same kind (0 for the GPU profiles; fitted for ``cpu-
   requests): a request arriving among long-running streams pays nothing, one arriving among short, young
   requests pays ~70-90 ms outside the engine (the API server busy starting and finishing requests). Added to
   the count-keyed delay above; ``fit_admission_by_age`` fits all four from both probe designs together.
+- decode stalls (``decode_stall_fraction`` p, ``decode_stall_ms`` S, ``decode_stall_seed``): a fraction p of
+  an instance's decode steps take S ms more, in a seeded pattern (:mod:`serving.sim.instance`); ``fit_decode_stalls``
+  fits p and S from the engine-timed decode rows (steps above ``threshold`` × their configuration's median).
 - wake-up (``wake_up_ms`` after ``idle_after_s``): the first step an instance starts after at least
   ``idle_after_s`` without work starts that much later (vLLM's engine core and worker stop busy-polling their
   shared-memory queues after 1 s idle, ``SpinCondition.busy_loop_s`` in ``shm_broadcast.py``, and must be
@@ -291,6 +294,9 @@ class OperatorLatencyModel:
     wake_up_ms: float = 0.0
     idle_after_s: float = DEFAULT_IDLE_AFTER_S
     admission_young_tokens: float = 0.0
+    decode_stall_fraction: float = 0.0
+    decode_stall_ms: float = 0.0
+    decode_stall_seed: int = 0
 
     def admission_delay_ms(self, running: int, young: int = 0) -> float:
         """No admission delay on the GPU profiles (module docstring)."""
@@ -772,6 +778,9 @@ class LinearLatencyModel:
         admission_young_busy_ms: float = 0.0,
         admission_ms_per_young_seq: float = 0.0,
         admission_young_tokens: float = 0.0,
+        decode_stall_fraction: float = 0.0,
+        decode_stall_ms: float = 0.0,
+        decode_stall_seed: float = 0,
     ) -> None:
         missing = [k for k in LINEAR_COEFFICIENTS if k not in coefficients]
         if missing:
@@ -789,6 +798,9 @@ class LinearLatencyModel:
             "admission_young_busy_ms": admission_young_busy_ms,
             "admission_ms_per_young_seq": admission_ms_per_young_seq,
             "admission_young_tokens": admission_young_tokens,
+            "decode_stall_fraction": decode_stall_fraction,
+            "decode_stall_ms": decode_stall_ms,
+            "decode_stall_seed": decode_stall_seed,
         }
         for name, value in terms.items():
             if not (math.isfinite(float(value)) and float(value) >= 0):
@@ -812,6 +824,17 @@ class LinearLatencyModel:
                 f"profile {profile.name!r}: admission_young_tokens must be > 0 when a young admission term is "
                 f"set, got {admission_young_tokens}"
             )
+        if not float(decode_stall_fraction) <= 1.0:
+            raise ProfileError(
+                f"profile {profile.name!r}: decode_stall_fraction must be in [0, 1], got {decode_stall_fraction}"
+            )
+        if float(decode_stall_seed) != int(decode_stall_seed):
+            raise ProfileError(
+                f"profile {profile.name!r}: decode_stall_seed must be an integer, got {decode_stall_seed}"
+            )
+        self.decode_stall_fraction = float(decode_stall_fraction)
+        self.decode_stall_ms = float(decode_stall_ms)
+        self.decode_stall_seed = int(decode_stall_seed)
         self._profile = profile
         self.coefficients = {k: float(coefficients[k]) for k in LINEAR_COEFFICIENTS}
         self.source = source
@@ -906,6 +929,9 @@ LINEAR_OVERHEADS: tuple[str, ...] = (
     "admission_young_busy_ms",
     "admission_ms_per_young_seq",
     "admission_young_tokens",
+    "decode_stall_fraction",
+    "decode_stall_ms",
+    "decode_stall_seed",
 )
 
 
@@ -1103,6 +1129,40 @@ def fit_admission_by_age(running: Any, young: Any, ttft_ms: Any, modelled_ms: An
         "per_group_ms": {f"{int(x)}/{int(z)}": v for (x, z), v in per.items()},
         "n_rows": int(keep.sum()),
         "max_abs_err_ms": float(np.max(np.abs(fitted - ys))),
+    }
+
+
+def fit_decode_stalls(step_ms: Any, config: Any, threshold: float = 1.5) -> dict[str, Any]:
+    """``decode_stall_fraction`` and ``decode_stall_ms`` from engine-timed decode steps: a step is stalled when it
+    takes more than ``threshold`` × the median step of its configuration (``config``: same batch and context);
+    p = the stalled fraction, S = the median of the stalled steps' excess over their configuration's median
+    (0 and 0 when none is). Returns ``{"decode_stall_fraction", "decode_stall_ms", "n_steps", "n_stalled",
+    "threshold"}``. Raises ValueError naming what is wrong.
+
+    Example: ``fit_decode_stalls([3, 3, 3, 53], ["b1", "b1", "b1", "b1"])`` → p 0.25, S 50 ms.
+    """
+    y = np.asarray(step_ms, dtype=np.float64).ravel()
+    g = np.asarray(config).ravel()
+    if len(y) != len(g):
+        raise ValueError(f"fit_decode_stalls: step_ms ({len(y)}) and config ({len(g)}) differ in length")
+    if not (math.isfinite(threshold) and threshold > 1.0):
+        raise ValueError(f"fit_decode_stalls: threshold must be > 1, got {threshold}")
+    keep = np.isfinite(y) & (y > 0)
+    y, g = y[keep], g[keep]
+    if y.size == 0:
+        raise ValueError("fit_decode_stalls: no finite positive step time")
+    median = np.empty_like(y)
+    for c in set(g.tolist()):
+        m = g == c
+        median[m] = np.median(y[m])
+    stalled = y > threshold * median
+    excess = (y - median)[stalled]
+    return {
+        "decode_stall_fraction": float(stalled.mean()),
+        "decode_stall_ms": float(np.median(excess)) if excess.size else 0.0,
+        "n_steps": int(y.size),
+        "n_stalled": int(stalled.sum()),
+        "threshold": float(threshold),
     }
 
 
