@@ -519,6 +519,24 @@ def request_overhead(data: dict[str, np.ndarray]) -> dict[str, Any]:
     return fit_request_overhead(client, engine, config)
 
 
+def bunched_decode_rows(data: dict[str, np.ndarray]) -> np.ndarray:
+    """Client-timed decode rows whose per-token period is under half the engine's own median step of the same
+    configuration: the API server delivered that batch's tokens in a burst (the client saw them all at once),
+    so the row says nothing about the step period (the simulator's first-token delivery term,
+    ``fit_first_token_delivery``, models the bursts). True where a row is one of those."""
+    out = np.zeros(len(data["kind"]), dtype=bool)
+    engine: dict[str, float] = {}
+    for config in set(data["config"].tolist()):
+        if config.startswith("engine-decode-"):
+            rows = data["config"] == config
+            engine[config.removeprefix("engine-")] = float(np.nanmedian(data["iteration_ms"][rows]))
+    for i, (kind, config) in enumerate(zip(data["kind"], data["config"], strict=True)):
+        step = engine.get(str(config))
+        if kind == "decode" and step is not None and data["iteration_ms"][i] < 0.5 * step:
+            out[i] = True
+    return out
+
+
 def per_config(
     data: dict[str, np.ndarray], basis: str = "client", q: float = 0.5, request_overhead_ms: float = 0.0
 ) -> dict[str, np.ndarray]:
@@ -527,9 +545,10 @@ def per_config(
     steps are never fitted."""
     kinds = BASES[basis]
     keys = ("prefill_tokens", "prefill_context_tokens", "decode_batch", "decode_context_tokens")
+    bunched = bunched_decode_rows(data) if basis == "client" else np.zeros(len(data["kind"]), dtype=bool)
     groups: dict[str, list[int]] = {}
     for i, (kind, config) in enumerate(zip(data["kind"], data["config"], strict=True)):
-        if kind in kinds:
+        if kind in kinds and not bunched[i]:
             groups.setdefault(str(config), []).append(i)
     out = {c: np.array([float(np.nanmedian(data[c][idx])) for idx in groups.values()]) for c in keys}
     out["iteration_ms"] = np.array(
@@ -598,18 +617,33 @@ def write_profile(
                 "admission_young_tokens": ADMISSION_YOUNG_TOKENS,
             }
             source += (
-                ". All four admission terms: fit_admission_by_age on the long-stream rows above and the "
-                f"short-stream rows of {shown(probes_short_path)} together (young = streams under "
-                f"{ADMISSION_YOUNG_TOKENS} output tokens: all of the short design's, none of the long one's; "
-                f"max miss {admission['max_abs_err_ms']:.1f} ms)"
+                f". admission_busy_ms, admission_ms_per_running_seq, admission_young_busy_ms, "
+                f"admission_ms_per_young_seq: fit_admission_by_age on the {admission['n_rows']} admit rows of "
+                f"{shown(probes_path)} (long streams: young = 0) and {shown(probes_short_path)} (loops of short "
+                f"requests: every stream young) together, young = under {ADMISSION_YOUNG_TOKENS} output tokens; "
+                f"per (running, young) group the median (client TTFT - the TTFT modelled without the terms) less "
+                f"that median at 0 running (max miss {admission['max_abs_err_ms']:.1f} ms)"
+            )
+        else:
+            source += (
+                f". admission_busy_ms / admission_ms_per_running_seq: fit_admission_delay on the "
+                f"{admission['n_rows']} admit rows of {shown(probes_path)} ({n_probes} probe rows): per running "
+                "count 1-8 the median (client TTFT - the TTFT modelled without the term) less that median at 0 "
+                f"running, fitted busy + per_seq*running (max miss {admission['max_abs_err_ms']:.1f} ms)"
             )
         source += (
-            f". admission_busy_ms / admission_ms_per_running_seq: fit_admission_delay on the {admission['n_rows']} "
-            f"admit rows of {shown(probes_path)} ({n_probes} probe rows): per running count 1-8 the median "
-            "(client TTFT - the TTFT modelled without the term) less that median at 0 running, fitted "
-            f"busy + per_seq*running (max miss {admission['max_abs_err_ms']:.1f} ms). wake_up_ms: fit_wake_up on the "
-            f"{wake['n_rows']} idle rows, median TTFT after gaps >= {wake['idle_after_s']:g} s less shorter gaps, "
-            "median over prompt lengths"
+            f". wake_up_ms: fit_wake_up on the {wake['n_rows']} idle rows of {shown(probes_path)}, median TTFT "
+            f"after gaps >= {wake['idle_after_s']:g} s less shorter gaps, median over prompt lengths"
+        )
+    delivery = probe_terms[1].get("delivery") if probe_terms is not None else None
+    if delivery is not None and delivery.get("write"):
+        doc["overheads"]["first_token_deferred_fraction"] = round(
+            delivery["first_token_deferred_fraction"], 4
+        )
+        source += (
+            f". first_token_deferred_fraction: fit_first_token_delivery on the {delivery['n_rows']} multi-token "
+            "rows of the --probe-idle-factors CSV, serving/sim/profiles/cpu_tiny_idle_factors.csv by default (deferred: TTFT over the 1-token median of the same prompt by "
+            f"more than half the remaining decode at {delivery['decode_step_ms']:.2f} ms/step)"
         )
     if stalls is not None:
         doc["overheads"] |= {
@@ -746,6 +780,40 @@ def stall_fit(data: dict[str, np.ndarray]) -> dict[str, Any]:
     return fit_decode_stalls(data["iteration_ms"][rows], data["config"][rows])
 
 
+def read_idle_factors(path: Path) -> dict[str, np.ndarray]:
+    """The ``--probe-idle-factors`` CSV as numeric columns (comment lines skipped). Errors name the file and line."""
+    with path.open() as f:
+        lines = [(i + 1, line) for i, line in enumerate(f) if line.strip() and not line.startswith("#")]
+    if not lines or tuple(lines[0][1].strip().split(",")) != IDLE_FACTOR_COLUMNS:
+        raise ValueError(f"{path}: header is not {list(IDLE_FACTOR_COLUMNS)}")
+    cols: dict[str, list[float]] = {c: [] for c in IDLE_FACTOR_COLUMNS}
+    for lineno, line in lines[1:]:
+        values = line.strip().split(",")
+        if len(values) != len(IDLE_FACTOR_COLUMNS):
+            raise ValueError(f"{path}:{lineno}: {len(values)} fields, expected {len(IDLE_FACTOR_COLUMNS)}")
+        try:
+            for c, v in zip(IDLE_FACTOR_COLUMNS, values, strict=True):
+                cols[c].append(float(v))
+        except ValueError:
+            raise ValueError(f"{path}:{lineno}: a field is not a number: {line.strip()!r}") from None
+    return {c: np.asarray(v) for c, v in cols.items()}
+
+
+def delivery_fit(path: Path, coefficients: dict[str, float]) -> dict[str, Any]:
+    """``fit_first_token_delivery`` on the idle-factor rows, the remaining decode time priced with the fitted
+    client step at batch 1 (context: the rows' median prompt)."""
+    from serving.sim.latency import fit_first_token_delivery
+
+    rows = read_idle_factors(path)
+    step = (
+        coefficients["a_ms"]
+        + coefficients["c_ms_per_decode_seq"]
+        + coefficients["d_ms_per_decode_context_token"] * float(np.median(rows["prompt_tokens"]))
+    )
+    fit = fit_first_token_delivery(rows["max_tokens"], rows["prompt_tokens"], rows["client_ttft_ms"], step)
+    return fit | {"decode_step_ms": step}
+
+
 def _fit_report(data: dict[str, np.ndarray], args: argparse.Namespace) -> None:
     overhead = request_overhead(data)
     stalls = stall_fit(data)
@@ -781,6 +849,19 @@ def _fit_report(data: dict[str, np.ndarray], args: argparse.Namespace) -> None:
                     f"{by_age['admission_ms_per_young_seq']:.2f}/young seq (max miss {by_age['max_abs_err_ms']:.1f})"
                 )
                 admission = admission | by_age | {"by_age": True}
+            if args.idle_factors_csv.exists():
+                delivery = delivery_fit(args.idle_factors_csv, fits[0.5]["coefficients"])
+                print(
+                    f"deferred first tokens (idle requests of >1 token whose TTFT exceeds the 1-token one by over "
+                    f"half their decode at {delivery['decode_step_ms']:.2f} ms/step): {delivery['n_deferred']} of "
+                    f"{delivery['n_rows']} = {delivery['first_token_deferred_fraction']:.2f} (median extra TTFT "
+                    f"{delivery['extra_ttft_p50_ms']:.1f} ms)"
+                )
+                wake = wake | {"delivery": delivery | {"write": args.deferred_first_tokens}}
+                if not args.deferred_first_tokens:
+                    print(
+                        "  (not written: opt in with --deferred-first-tokens, see docs/BENCHMARKS.md session 5)"
+                    )
             probe_terms = (admission, wake, len(probes["kind"]))
             print(
                 "admission delay (probe TTFT less the modelled one, less that at 0 running "
@@ -1134,6 +1215,11 @@ def main() -> None:
         "prompt length, a fresh HTTP connection), rows to --idle-factors-csv",
     )
     parser.add_argument("--idle-factors-csv", type=Path, default=PROFILES / "cpu_tiny_idle_factors.csv")
+    parser.add_argument(
+        "--deferred-first-tokens",
+        action="store_true",
+        help="--refit: also write first_token_deferred_fraction (fitted from --idle-factors-csv; off by default)",
+    )
     parser.add_argument("--idle-factor-reps", type=int, default=6, help="--probe-idle-factors: rounds")
     parser.add_argument(
         "--autogroup-nice",

@@ -46,6 +46,14 @@ decode run's time stays a closed form: its affine step times plus S times the pa
 run's range (a prefix sum), the steps done by a time are a binary search over that, and the ITL histogram moves
 the stalled steps' samples up by S (one Python operation per stalled step, none per token). Iterations that
 prefill are not stalled (their time is the step model's).
+
+Deferred first tokens (the latency model's ``first_token_deferred_fraction`` q; absent or 0 for the GPU profiles):
+the real cpu-tiny server's API process, sharing 2 cores with the engine that goes on decoding, often delivers a
+multi-token request's first token only with the rest of its answer (bench_vllm_cpu.py ``--probe-idle-factors``:
+an idle request's client TTFT is ~30 ms at ``max_tokens=1`` and ~115 ms at 32). So for a fixed, deterministic
+fraction q of the requests of more than one output token (a hash of the request index) the first token reaches
+the client when the request completes: TTFT = e2e and the request's mean ITL is 0, as the client measures them.
+The engine's own schedule, the ITL histogram and the token counters are unchanged.
 """
 
 from __future__ import annotations
@@ -284,6 +292,9 @@ class Instance:
             self._stall_cum = np.concatenate([[0], np.cumsum(bits)]).astype(np.int64).tolist()
         else:
             self._stall_ms = 0.0
+        # deferred first tokens (module doc): the fraction as a threshold on a 32-bit hash of the request index
+        q = float(getattr(latency, "first_token_deferred_fraction", 0.0) or 0.0)
+        self._defer_below = int(min(max(q, 0.0), 1.0) * 2**32)
         # the segment in progress
         self.busy = False
         self.seg_start_s = 0.0
@@ -751,6 +762,8 @@ class Instance:
         self._fresh = []
 
     def _complete(self, rid: int, now_s: float, req: RequestTable, out: SegmentResult) -> None:
+        if self._defer_below:
+            self._first_token(rid, now_s, req, final=True)  # a deferred first token, if any
         req.t_done_s[rid] = now_s
         req.completions[rid] += 1
         self.success_total += 1
@@ -768,7 +781,15 @@ class Instance:
             self.used_blocks -= self._blocks(req.ctx[rid])
             self._complete(rid, now_s, req, out)
 
-    def _first_token(self, rid: int, now_s: float, req: RequestTable) -> None:
+    def _first_token(self, rid: int, now_s: float, req: RequestTable, *, final: bool = False) -> None:
+        """``final``: the request's last token (a deferred first token is delivered with it)."""
+        if (
+            self._defer_below
+            and not final
+            and req.target[rid] > 1
+            and (rid * 2654435761 + 97) % 2**32 < self._defer_below
+        ):
+            return  # delivered with the request's last token (module doc)
         if math.isnan(req.t_first_s[rid]):
             req.t_first_s[rid] = now_s
             self.ttft.observe(now_s - req.arrival[rid])

@@ -71,6 +71,9 @@ Two more named terms of the same kind (0 for the GPU profiles; fitted for ``cpu-
 - decode stalls (``decode_stall_fraction`` p, ``decode_stall_ms`` S, ``decode_stall_seed``): a fraction p of
   an instance's decode steps take S ms more, in a seeded pattern (:mod:`serving.sim.instance`); ``fit_decode_stalls``
   fits p and S from the engine-timed decode rows (steps above ``threshold`` × their configuration's median).
+- deferred first tokens (``first_token_deferred_fraction`` q): for a fraction q of the requests of more than
+  one output token, the client gets the first token only with the last (:mod:`serving.sim.instance`);
+  ``fit_first_token_delivery`` fits q from idle probes of 1 and of several output tokens.
 - wake-up (``wake_up_ms`` after ``idle_after_s``): the first step an instance starts after at least
   ``idle_after_s`` without work starts that much later (vLLM's engine core and worker stop busy-polling their
   shared-memory queues after 1 s idle, ``SpinCondition.busy_loop_s`` in ``shm_broadcast.py``, and must be
@@ -297,6 +300,7 @@ class OperatorLatencyModel:
     decode_stall_fraction: float = 0.0
     decode_stall_ms: float = 0.0
     decode_stall_seed: int = 0
+    first_token_deferred_fraction: float = 0.0
 
     def admission_delay_ms(self, running: int, young: int = 0) -> float:
         """No admission delay on the GPU profiles (module docstring)."""
@@ -781,6 +785,7 @@ class LinearLatencyModel:
         decode_stall_fraction: float = 0.0,
         decode_stall_ms: float = 0.0,
         decode_stall_seed: float = 0,
+        first_token_deferred_fraction: float = 0.0,
     ) -> None:
         missing = [k for k in LINEAR_COEFFICIENTS if k not in coefficients]
         if missing:
@@ -801,6 +806,7 @@ class LinearLatencyModel:
             "decode_stall_fraction": decode_stall_fraction,
             "decode_stall_ms": decode_stall_ms,
             "decode_stall_seed": decode_stall_seed,
+            "first_token_deferred_fraction": first_token_deferred_fraction,
         }
         for name, value in terms.items():
             if not (math.isfinite(float(value)) and float(value) >= 0):
@@ -824,10 +830,9 @@ class LinearLatencyModel:
                 f"profile {profile.name!r}: admission_young_tokens must be > 0 when a young admission term is "
                 f"set, got {admission_young_tokens}"
             )
-        if not float(decode_stall_fraction) <= 1.0:
-            raise ProfileError(
-                f"profile {profile.name!r}: decode_stall_fraction must be in [0, 1], got {decode_stall_fraction}"
-            )
+        for name in ("decode_stall_fraction", "first_token_deferred_fraction"):
+            if not float(terms[name]) <= 1.0:
+                raise ProfileError(f"profile {profile.name!r}: {name} must be in [0, 1], got {terms[name]}")
         if float(decode_stall_seed) != int(decode_stall_seed):
             raise ProfileError(
                 f"profile {profile.name!r}: decode_stall_seed must be an integer, got {decode_stall_seed}"
@@ -835,6 +840,7 @@ class LinearLatencyModel:
         self.decode_stall_fraction = float(decode_stall_fraction)
         self.decode_stall_ms = float(decode_stall_ms)
         self.decode_stall_seed = int(decode_stall_seed)
+        self.first_token_deferred_fraction = float(first_token_deferred_fraction)
         self._profile = profile
         self.coefficients = {k: float(coefficients[k]) for k in LINEAR_COEFFICIENTS}
         self.source = source
@@ -932,6 +938,7 @@ LINEAR_OVERHEADS: tuple[str, ...] = (
     "decode_stall_fraction",
     "decode_stall_ms",
     "decode_stall_seed",
+    "first_token_deferred_fraction",
 )
 
 
@@ -1163,6 +1170,46 @@ def fit_decode_stalls(step_ms: Any, config: Any, threshold: float = 1.5) -> dict
         "n_steps": int(y.size),
         "n_stalled": int(stalled.sum()),
         "threshold": float(threshold),
+    }
+
+
+def fit_first_token_delivery(
+    max_tokens: Any, prompt_tokens: Any, ttft_ms: Any, decode_step_ms: float
+) -> dict[str, Any]:
+    """``first_token_deferred_fraction`` from idle requests (nothing else running) of one and of several output
+    tokens: per prompt length the median TTFT of the one-token requests is the baseline; a multi-token request's
+    first token counts as deferred when its TTFT exceeds that baseline by more than half its remaining decode
+    time (``(max_tokens - 1) · decode_step_ms / 2``). Returns ``{"first_token_deferred_fraction", "n_rows",
+    "n_deferred", "extra_ttft_p50_ms"}`` (the median TTFT over the baseline of the multi-token rows). Raises
+    ValueError naming what is missing.
+
+    Example: ``fit_first_token_delivery([1, 1, 32, 32], [64] * 4, [20, 20, 110, 25], 3.0)`` → 0.5.
+    """
+    m = np.asarray(max_tokens, dtype=np.float64).ravel()
+    p = np.asarray(prompt_tokens, dtype=np.float64).ravel()
+    t = np.asarray(ttft_ms, dtype=np.float64).ravel()
+    if not (len(m) == len(p) == len(t)):
+        raise ValueError(
+            f"fit_first_token_delivery: max_tokens ({len(m)}), prompt_tokens ({len(p)}) and ttft_ms ({len(t)}) "
+            "differ in length"
+        )
+    if not (math.isfinite(decode_step_ms) and decode_step_ms > 0):
+        raise ValueError(f"fit_first_token_delivery: decode_step_ms must be > 0, got {decode_step_ms}")
+    keep = np.isfinite(m) & np.isfinite(p) & np.isfinite(t)
+    m, p, t = m[keep], p[keep], t[keep]
+    base = {float(n): float(np.median(t[(p == n) & (m == 1)])) for n in set(p[m == 1].tolist())}
+    many = np.flatnonzero((m > 1) & np.isin(p, list(base)))
+    if not base or many.size == 0:
+        raise ValueError(
+            "fit_first_token_delivery: need one-token and multi-token rows of the same prompt length"
+        )
+    extra = np.array([t[i] - base[float(p[i])] for i in many])
+    deferred = extra > (m[many] - 1) * decode_step_ms / 2.0
+    return {
+        "first_token_deferred_fraction": float(deferred.mean()),
+        "n_rows": int(many.size),
+        "n_deferred": int(deferred.sum()),
+        "extra_ttft_p50_ms": float(np.median(extra)),
     }
 
 

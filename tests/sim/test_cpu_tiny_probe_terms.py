@@ -182,6 +182,7 @@ def test_profile_json_round_trip(tmp_path: Path) -> None:
         "decode_stall_fraction": 0.0,  # the stall terms: tests/sim/test_decode_stalls.py
         "decode_stall_ms": 0.0,
         "decode_stall_seed": 0,
+        "first_token_deferred_fraction": 0.0,  # tests/sim/test_first_token_deferral.py
     }
     assert set(terms) == set(LINEAR_OVERHEADS)
     model = load_linear_profile(PROFILE, _write(tmp_path, terms))
