@@ -41,6 +41,13 @@ less that at 0 running) and the wake-up cost (``fit_wake_up``) from them, and wr
 (a side measurement). Measure with ``--autogroup-nice -20`` under ``nice -n -10`` on a shared box: with scheduler
 autogroups, plain nice does not reach across sessions (``boost_autogroups``).
 
+Session 5 additions (docs/BENCHMARKS.md, "One machine condition"): ``--refit`` also fits the admission terms by
+the running streams' age on both probe designs together (``--probes-short-csv``, ``fit_admission_by_age``), the
+seeded decode stalls from the engine-timed decode rows (``fit_decode_stalls``) and, with
+``--deferred-first-tokens``, the share of multi-token requests whose first token arrives with their last
+(``fit_first_token_delivery`` on ``--idle-factors-csv``, the rows of ``--probe-idle-factors``: idle requests by
+prefix caching, ``max_tokens`` 1 / 32, prompt length and a fresh HTTP connection).
+
 Validation (``--validate``): a real replay of a trace slice on one server, then the simulator on the same
 slice, side by side; ``--real-json FILE`` reuses a recorded real run (no server) and only replays the sim
 side; ``--profile-json`` (repeatable) compares several latency JSONs in the same run.
