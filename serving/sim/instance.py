@@ -37,6 +37,23 @@ Wake-up (the latency model's ``wake_up_ms`` after ``idle_after_s``; absent or 0 
 first segment an instance starts after at least ``idle_after_s`` with nothing to run (an empty queue; an
 instance is idle from its creation) starts ``wake_up_ms`` later, so that delay adds to the
 TTFT of the requests it serves and to no ITL.
+
+Decode stalls (the latency model's ``decode_stall_fraction`` p and ``decode_stall_ms`` S; absent or 0 for the GPU
+profiles): a fraction p of an instance's decode steps cost S ms more (the engine-timed tail of the real cpu-tiny
+server's decode steps). Which steps is a fixed pattern per instance, drawn once from ``decode_stall_seed`` and the
+instance's index (Bernoulli(p) over ``STALL_PATTERN_STEPS`` steps, repeating), so a replay is deterministic. A
+decode run's time stays a closed form: its affine step times plus S times the pattern's stalled steps in the
+run's range (a prefix sum), the steps done by a time are a binary search over that, and the ITL histogram moves
+the stalled steps' samples up by S (one Python operation per stalled step, none per token). Iterations that
+prefill are not stalled (their time is the step model's).
+
+Deferred first tokens (the latency model's ``first_token_deferred_fraction`` q; absent or 0 for the GPU profiles):
+the real cpu-tiny server's API process, sharing 2 cores with the engine that goes on decoding, often delivers a
+multi-token request's first token only with the rest of its answer (bench_vllm_cpu.py ``--probe-idle-factors``:
+an idle request's client TTFT is ~30 ms at ``max_tokens=1`` and ~115 ms at 32). So for a fixed, deterministic
+fraction q of the requests of more than one output token (a hash of the request index) the first token reaches
+the client when the request completes: TTFT = e2e and the request's mean ITL is 0, as the client measures them.
+The engine's own schedule, the ITL histogram and the token counters are unchanged.
 """
 
 from __future__ import annotations
@@ -53,6 +70,8 @@ from serving.sim.samples import E2E_BUCKETS_S, ITL_BUCKETS_S, TTFT_BUCKETS_S
 
 # Longest decode run priced at once; a run stops earlier at its first completion or a full KV cache.
 DECODE_RUN_MAX_STEPS = 4096
+# Length of an instance's seeded stall pattern (decode steps; repeats after that): see the module doc.
+STALL_PATTERN_STEPS = 8192
 
 
 class LatencyLike(Protocol):
@@ -236,6 +255,7 @@ class Instance:
         self.version = 0  # bumps invalidate pending segment/lifecycle events
         # batching
         self.load = 0  # requests held: waiting + running (what a least-loaded router compares)
+        self.admitting = 0  # requests on their way in (the admission delay), counted in load too
         self.waiting: list[tuple[int, int]] = []  # heap of (priority, request id)
         self.prefilling: list[int] = []
         self.decoding: dict[int, None] = {}  # ordered set of decoding request ids
@@ -260,6 +280,21 @@ class Instance:
         self._wake_s = float(getattr(latency, "wake_up_ms", 0.0)) / 1000.0
         self._idle_after_s = float(getattr(latency, "idle_after_s", math.inf))
         self._idle_since_s = now_s  # created idle (initial instances: loaded and warmed up at t=0)
+        # decode stalls (module doc): S in ms (0: off), the pattern's stalled positions and prefix counts
+        self._stall_ms = float(getattr(latency, "decode_stall_ms", 0.0) or 0.0)
+        stall_p = float(getattr(latency, "decode_stall_fraction", 0.0) or 0.0)
+        self._stall_at: list[int] = []
+        self._stall_cum: list[int] = [0]
+        if self._stall_ms > 0.0 and stall_p > 0.0:
+            seed = int(getattr(latency, "decode_stall_seed", 0) or 0)
+            bits = np.random.default_rng([seed, index]).random(STALL_PATTERN_STEPS) < stall_p
+            self._stall_at = np.flatnonzero(bits).tolist()
+            self._stall_cum = np.concatenate([[0], np.cumsum(bits)]).astype(np.int64).tolist()
+        else:
+            self._stall_ms = 0.0
+        # deferred first tokens (module doc): the fraction as a threshold on a 32-bit hash of the request index
+        q = float(getattr(latency, "first_token_deferred_fraction", 0.0) or 0.0)
+        self._defer_below = int(min(max(q, 0.0), 1.0) * 2**32)
         # the segment in progress
         self.busy = False
         self.seg_start_s = 0.0
@@ -319,9 +354,38 @@ class Instance:
             return req.ctx[rid] + self.step - req.join[rid]
         return req.ctx[rid]
 
+    def young_decoding(self, req: RequestTable, now_s: float, tokens: float) -> int:
+        """Decoding sequences that have generated fewer than ``tokens`` tokens by ``now_s`` (the steps of a
+        decode run in progress done by then included). O(batch): called once per arrival, and only for a
+        latency model keyed on the streams' age."""
+        done = self._steps_done(now_s) if self.busy and self._run else 0
+        base = self.step + done
+        gen, join = req.gen, req.join
+        return sum(1 for rid in self.decoding if gen[rid] + base - join[rid] < tokens)
+
     # -- decode-run arithmetic ---------------------------------------------------------------------------
+    def _stalls_before(self, n: int) -> int:
+        """Stalled steps among the instance's decode steps [0, n) (the pattern repeats)."""
+        q, r = divmod(n, STALL_PATTERN_STEPS)
+        return q * self._stall_cum[STALL_PATTERN_STEPS] + self._stall_cum[r]
+
     def _run_ms(self, steps: int) -> float:
-        return self._run_first_ms * steps + self._run_slope_ms * steps * (steps - 1) / 2.0
+        ms = self._run_first_ms * steps + self._run_slope_ms * steps * (steps - 1) / 2.0
+        if self._stall_ms:
+            ms += self._stall_ms * (self._stalls_before(self.step + steps) - self._stalls_before(self.step))
+        return ms
+
+    def _stalled_in_run(self, s0: int, k: int) -> list[int]:
+        """Offsets j in [0, k) of the stalled steps among decode steps s0 + j."""
+        out: list[int] = []
+        at, n = self._stall_at, STALL_PATTERN_STEPS
+        base = (s0 // n) * n
+        while base < s0 + k:
+            lo = bisect_left(at, max(s0 - base, 0))
+            hi = bisect_left(at, min(s0 + k - base, n))
+            out += [base + p - s0 for p in at[lo:hi]]
+            base += n
+        return out
 
     def _steps_done(self, now_s: float) -> int:
         """Steps of the current run finished at or before ``now_s``."""
@@ -331,6 +395,15 @@ class Instance:
             return 0
         if x >= self._run_ms(k):
             return k
+        if self._stall_ms:  # _run_ms(0) = 0 <= x < _run_ms(k): bisect (a stall breaks the closed form)
+            lo, hi = 0, k
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if self._run_ms(mid) <= x:
+                    lo = mid
+                else:
+                    hi = mid
+            return lo
         a, s = self._run_first_ms, self._run_slope_ms
         if s <= 1e-12:
             j = int(x // a) if a > 0 else k
@@ -469,6 +542,7 @@ class Instance:
         self.waiting, self.prefilling, self.decoding, self._finish = [], [], {}, []
         self.used_blocks = 0
         self.load = 0
+        self.admitting = 0  # those on their way in are re-routed when their delay ends (Simulator._on_admit)
         self.busy = False
         self.version += 1
         for rid in rids:
@@ -631,7 +705,7 @@ class Instance:
         self.seg_start_s = now_s
         self.seg_end_s = now_s + self._run_ms(steps) / 1000.0
         self._seg_fresh = len(self._fresh)
-        self._fresh_t_s = now_s + first / 1000.0
+        self._fresh_t_s = now_s + (self._run_ms(1) if self._stall_ms else first) / 1000.0
         return self.seg_end_s
 
     # -- finishing a segment -------------------------------------------------------------------------
@@ -656,6 +730,7 @@ class Instance:
     def _commit_steps(self, k: int) -> None:
         """Account the first ``k`` steps of the current decode run."""
         self.used_blocks += self._new_blocks(self.step, k)
+        s0 = self.step
         self.step += k
         self.generation_tokens_total += self._run_batch * k
         first_s, slope_s = self._run_first_ms / 1000.0, self._run_slope_ms / 1000.0
@@ -666,6 +741,13 @@ class Instance:
             self.itl.observe_linear(first_s + slope_s, slope_s, k - 1, self._run_batch)
         else:
             self.itl.observe_linear(first_s, slope_s, k, self._run_batch)
+        if self._stall_ms and k > 0:  # the stalled steps' samples move up by the stall
+            stall_s = self._stall_ms / 1000.0
+            for j in self._stalled_in_run(s0, k):
+                weight = self._run_batch - fresh if j == 0 else self._run_batch
+                value = first_s + slope_s * j
+                self.itl.observe(value, -weight)
+                self.itl.observe(value + stall_s, weight)
 
     def settle(self, now_s: float, req: RequestTable) -> None:
         """Deliver the first tokens of the segment in progress if its first step has ended by ``now_s``
@@ -680,6 +762,8 @@ class Instance:
         self._fresh = []
 
     def _complete(self, rid: int, now_s: float, req: RequestTable, out: SegmentResult) -> None:
+        if self._defer_below:
+            self._first_token(rid, now_s, req, final=True)  # a deferred first token, if any
         req.t_done_s[rid] = now_s
         req.completions[rid] += 1
         self.success_total += 1
@@ -697,7 +781,15 @@ class Instance:
             self.used_blocks -= self._blocks(req.ctx[rid])
             self._complete(rid, now_s, req, out)
 
-    def _first_token(self, rid: int, now_s: float, req: RequestTable) -> None:
+    def _first_token(self, rid: int, now_s: float, req: RequestTable, *, final: bool = False) -> None:
+        """``final``: the request's last token (a deferred first token is delivered with it)."""
+        if (
+            self._defer_below
+            and not final
+            and req.target[rid] > 1
+            and (rid * 2654435761 + 97) % 2**32 < self._defer_below
+        ):
+            return  # delivered with the request's last token (module doc)
         if math.isnan(req.t_first_s[rid]):
             req.t_first_s[rid] = now_s
             self.ttft.observe(now_s - req.arrival[rid])

@@ -61,6 +61,19 @@ Two more named terms of the same kind (0 for the GPU profiles; fitted for ``cpu-
   sequences decode there is handed to its engine that much later (on a CPU server the API process, busy with
   the running streams' per-token output work on the same cores, is slow to take it in and to send its first
   token). Applied once, at the entry instance, on top of ``request_overhead_ms``.
+- young-stream admission delay (``admission_young_busy_ms`` if ``young`` > 0, plus
+  ``admission_ms_per_young_seq`` × ``young``, where ``young`` counts the decoding sequences that have generated
+  fewer than ``admission_young_tokens`` tokens): keyed on what the running streams do rather than on their count.
+  Measured (session 5, bench_vllm_cpu.py ``--probe`` with long background streams and with loops of 32-token
+  requests): a request arriving among long-running streams pays nothing, one arriving among short, young
+  requests pays ~70-90 ms outside the engine (the API server busy starting and finishing requests). Added to
+  the count-keyed delay above; ``fit_admission_by_age`` fits all four from both probe designs together.
+- decode stalls (``decode_stall_fraction`` p, ``decode_stall_ms`` S, ``decode_stall_seed``): a fraction p of
+  an instance's decode steps take S ms more, in a seeded pattern (:mod:`serving.sim.instance`); ``fit_decode_stalls``
+  fits p and S from the engine-timed decode rows (steps above ``threshold`` × their configuration's median).
+- deferred first tokens (``first_token_deferred_fraction`` q): for a fraction q of the requests of more than
+  one output token, the client gets the first token only with the last (:mod:`serving.sim.instance`);
+  ``fit_first_token_delivery`` fits q from idle probes of 1 and of several output tokens.
 - wake-up (``wake_up_ms`` after ``idle_after_s``): the first step an instance starts after at least
   ``idle_after_s`` without work starts that much later (vLLM's engine core and worker stop busy-polling their
   shared-memory queues after 1 s idle, ``SpinCondition.busy_loop_s`` in ``shm_broadcast.py``, and must be
@@ -283,8 +296,13 @@ class OperatorLatencyModel:
     admission_ms_per_running_seq: float = 0.0
     wake_up_ms: float = 0.0
     idle_after_s: float = DEFAULT_IDLE_AFTER_S
+    admission_young_tokens: float = 0.0
+    decode_stall_fraction: float = 0.0
+    decode_stall_ms: float = 0.0
+    decode_stall_seed: int = 0
+    first_token_deferred_fraction: float = 0.0
 
-    def admission_delay_ms(self, running: int) -> float:
+    def admission_delay_ms(self, running: int, young: int = 0) -> float:
         """No admission delay on the GPU profiles (module docstring)."""
         return 0.0
 
@@ -761,6 +779,13 @@ class LinearLatencyModel:
         admission_ms_per_running_seq: float = 0.0,
         wake_up_ms: float = 0.0,
         idle_after_s: float = DEFAULT_IDLE_AFTER_S,
+        admission_young_busy_ms: float = 0.0,
+        admission_ms_per_young_seq: float = 0.0,
+        admission_young_tokens: float = 0.0,
+        decode_stall_fraction: float = 0.0,
+        decode_stall_ms: float = 0.0,
+        decode_stall_seed: float = 0,
+        first_token_deferred_fraction: float = 0.0,
     ) -> None:
         missing = [k for k in LINEAR_COEFFICIENTS if k not in coefficients]
         if missing:
@@ -775,6 +800,13 @@ class LinearLatencyModel:
             "admission_busy_ms": admission_busy_ms,
             "admission_ms_per_running_seq": admission_ms_per_running_seq,
             "wake_up_ms": wake_up_ms,
+            "admission_young_busy_ms": admission_young_busy_ms,
+            "admission_ms_per_young_seq": admission_ms_per_young_seq,
+            "admission_young_tokens": admission_young_tokens,
+            "decode_stall_fraction": decode_stall_fraction,
+            "decode_stall_ms": decode_stall_ms,
+            "decode_stall_seed": decode_stall_seed,
+            "first_token_deferred_fraction": first_token_deferred_fraction,
         }
         for name, value in terms.items():
             if not (math.isfinite(float(value)) and float(value) >= 0):
@@ -788,6 +820,27 @@ class LinearLatencyModel:
         self.admission_ms_per_running_seq = float(admission_ms_per_running_seq)
         self.wake_up_ms = float(wake_up_ms)
         self.idle_after_s = float(idle_after_s)
+        self.admission_young_busy_ms = float(admission_young_busy_ms)
+        self.admission_ms_per_young_seq = float(admission_ms_per_young_seq)
+        # streams that have generated fewer tokens than this are "young" (0: the young terms are off)
+        young_on = self.admission_young_busy_ms > 0 or self.admission_ms_per_young_seq > 0
+        self.admission_young_tokens = float(admission_young_tokens) if young_on else 0.0
+        if young_on and self.admission_young_tokens <= 0:
+            raise ProfileError(
+                f"profile {profile.name!r}: admission_young_tokens must be > 0 when a young admission term is "
+                f"set, got {admission_young_tokens}"
+            )
+        for name in ("decode_stall_fraction", "first_token_deferred_fraction"):
+            if not float(terms[name]) <= 1.0:
+                raise ProfileError(f"profile {profile.name!r}: {name} must be in [0, 1], got {terms[name]}")
+        if float(decode_stall_seed) != int(decode_stall_seed):
+            raise ProfileError(
+                f"profile {profile.name!r}: decode_stall_seed must be an integer, got {decode_stall_seed}"
+            )
+        self.decode_stall_fraction = float(decode_stall_fraction)
+        self.decode_stall_ms = float(decode_stall_ms)
+        self.decode_stall_seed = int(decode_stall_seed)
+        self.first_token_deferred_fraction = float(first_token_deferred_fraction)
         self._profile = profile
         self.coefficients = {k: float(coefficients[k]) for k in LINEAR_COEFFICIENTS}
         self.source = source
@@ -797,11 +850,15 @@ class LinearLatencyModel:
     def profile(self) -> HardwareProfile:
         return self._profile
 
-    def admission_delay_ms(self, running: int) -> float:
-        """Delay before a request reaches the engine of an instance where ``running`` sequences decode."""
+    def admission_delay_ms(self, running: int, young: int = 0) -> float:
+        """Delay before a request reaches the engine of an instance where ``running`` sequences decode,
+        ``young`` of them fewer than ``admission_young_tokens`` tokens into their output (module docstring)."""
         if running <= 0:
             return 0.0
-        return self.admission_busy_ms + self.admission_ms_per_running_seq * running
+        delay = self.admission_busy_ms + self.admission_ms_per_running_seq * running
+        if young > 0:
+            delay += self.admission_young_busy_ms + self.admission_ms_per_young_seq * young
+        return delay
 
     def iteration_ms(
         self,
@@ -875,6 +932,13 @@ LINEAR_OVERHEADS: tuple[str, ...] = (
     "admission_ms_per_running_seq",
     "wake_up_ms",
     "idle_after_s",
+    "admission_young_busy_ms",
+    "admission_ms_per_young_seq",
+    "admission_young_tokens",
+    "decode_stall_fraction",
+    "decode_stall_ms",
+    "decode_stall_seed",
+    "first_token_deferred_fraction",
 )
 
 
@@ -1021,6 +1085,131 @@ def fit_admission_delay(running: Any, ttft_ms: Any, modelled_ms: Any) -> dict[st
         "per_running_ms": per,
         "n_rows": int(keep.sum()),
         "max_abs_err_ms": float(np.max(np.abs(fitted - ys))),
+    }
+
+
+def fit_admission_by_age(running: Any, young: Any, ttft_ms: Any, modelled_ms: Any) -> dict[str, Any]:
+    """The four admission terms from probe rows of several designs together: ``running`` sequences decode when
+    the probe is sent, ``young`` of them young (fewer than ``admission_young_tokens`` tokens out: every stream
+    of a loop of short requests, none of a long stream's); ``ttft_ms`` and ``modelled_ms`` as
+    :func:`fit_admission_delay`'s.
+
+    Per (running, young) group the median of ``ttft_ms - modelled_ms`` less the median at ``running`` = 0 (over
+    all designs), then non-negative least squares of the group values on
+    ``busy·[running>0] + per_seq·running + young_busy·[young>0] + per_young·young``. Returns
+    ``{"admission_busy_ms", "admission_ms_per_running_seq", "admission_young_busy_ms",
+    "admission_ms_per_young_seq", "baseline_ms", "per_group_ms": {"running/young": value}, "n_rows",
+    "max_abs_err_ms"}``. Raises ValueError naming what is missing.
+
+    Example: ``fit_admission_by_age([0, 2, 2], [0, 0, 2], [20.0, 21.0, 90.0], [18.0, 19.0, 19.0])``.
+    """
+    b = np.asarray(running, dtype=np.float64).ravel()
+    g = np.asarray(young, dtype=np.float64).ravel()
+    e = np.asarray(ttft_ms, dtype=np.float64).ravel()
+    w = np.asarray(modelled_ms, dtype=np.float64).ravel()
+    if not (len(b) == len(g) == len(e) == len(w)):
+        raise ValueError(
+            f"fit_admission_by_age: running ({len(b)}), young ({len(g)}), ttft_ms ({len(e)}) and modelled_ms "
+            f"({len(w)}) differ in length"
+        )
+    keep = np.isfinite(b) & np.isfinite(g) & np.isfinite(e) & np.isfinite(w) & (b >= 0) & (g >= 0) & (g <= b)
+    b, g, y = b[keep], g[keep], e[keep] - w[keep]
+    if not np.any(b == 0):
+        raise ValueError("fit_admission_by_age: no finite row with running = 0 (the baseline)")
+    groups = sorted({(float(x), float(z)) for x, z in zip(b, g, strict=True) if x > 0})
+    if not groups:
+        raise ValueError("fit_admission_by_age: no finite row with running > 0")
+    baseline = float(np.median(y[b == 0]))
+    per = {(x, z): float(np.median(y[(b == x) & (g == z)])) - baseline for x, z in groups}
+    xs = np.array([x for x, _ in groups])
+    zs = np.array([z for _, z in groups])
+    ys = np.array(list(per.values()))
+    design = np.column_stack([np.ones_like(xs), xs, (zs > 0).astype(np.float64), zs])
+    coef = _nnls(design, ys)
+    fitted = design @ coef
+    return {
+        "admission_busy_ms": float(coef[0]),
+        "admission_ms_per_running_seq": float(coef[1]),
+        "admission_young_busy_ms": float(coef[2]),
+        "admission_ms_per_young_seq": float(coef[3]),
+        "baseline_ms": baseline,
+        "per_group_ms": {f"{int(x)}/{int(z)}": v for (x, z), v in per.items()},
+        "n_rows": int(keep.sum()),
+        "max_abs_err_ms": float(np.max(np.abs(fitted - ys))),
+    }
+
+
+def fit_decode_stalls(step_ms: Any, config: Any, threshold: float = 1.5) -> dict[str, Any]:
+    """``decode_stall_fraction`` and ``decode_stall_ms`` from engine-timed decode steps: a step is stalled when it
+    takes more than ``threshold`` × the median step of its configuration (``config``: same batch and context);
+    p = the stalled fraction, S = the median of the stalled steps' excess over their configuration's median
+    (0 and 0 when none is). Returns ``{"decode_stall_fraction", "decode_stall_ms", "n_steps", "n_stalled",
+    "threshold"}``. Raises ValueError naming what is wrong.
+
+    Example: ``fit_decode_stalls([3, 3, 3, 53], ["b1", "b1", "b1", "b1"])`` → p 0.25, S 50 ms.
+    """
+    y = np.asarray(step_ms, dtype=np.float64).ravel()
+    g = np.asarray(config).ravel()
+    if len(y) != len(g):
+        raise ValueError(f"fit_decode_stalls: step_ms ({len(y)}) and config ({len(g)}) differ in length")
+    if not (math.isfinite(threshold) and threshold > 1.0):
+        raise ValueError(f"fit_decode_stalls: threshold must be > 1, got {threshold}")
+    keep = np.isfinite(y) & (y > 0)
+    y, g = y[keep], g[keep]
+    if y.size == 0:
+        raise ValueError("fit_decode_stalls: no finite positive step time")
+    median = np.empty_like(y)
+    for c in set(g.tolist()):
+        m = g == c
+        median[m] = np.median(y[m])
+    stalled = y > threshold * median
+    excess = (y - median)[stalled]
+    return {
+        "decode_stall_fraction": float(stalled.mean()),
+        "decode_stall_ms": float(np.median(excess)) if excess.size else 0.0,
+        "n_steps": int(y.size),
+        "n_stalled": int(stalled.sum()),
+        "threshold": float(threshold),
+    }
+
+
+def fit_first_token_delivery(
+    max_tokens: Any, prompt_tokens: Any, ttft_ms: Any, decode_step_ms: float
+) -> dict[str, Any]:
+    """``first_token_deferred_fraction`` from idle requests (nothing else running) of one and of several output
+    tokens: per prompt length the median TTFT of the one-token requests is the baseline; a multi-token request's
+    first token counts as deferred when its TTFT exceeds that baseline by more than half its remaining decode
+    time (``(max_tokens - 1) · decode_step_ms / 2``). Returns ``{"first_token_deferred_fraction", "n_rows",
+    "n_deferred", "extra_ttft_p50_ms"}`` (the median TTFT over the baseline of the multi-token rows). Raises
+    ValueError naming what is missing.
+
+    Example: ``fit_first_token_delivery([1, 1, 32, 32], [64] * 4, [20, 20, 110, 25], 3.0)`` → 0.5.
+    """
+    m = np.asarray(max_tokens, dtype=np.float64).ravel()
+    p = np.asarray(prompt_tokens, dtype=np.float64).ravel()
+    t = np.asarray(ttft_ms, dtype=np.float64).ravel()
+    if not (len(m) == len(p) == len(t)):
+        raise ValueError(
+            f"fit_first_token_delivery: max_tokens ({len(m)}), prompt_tokens ({len(p)}) and ttft_ms ({len(t)}) "
+            "differ in length"
+        )
+    if not (math.isfinite(decode_step_ms) and decode_step_ms > 0):
+        raise ValueError(f"fit_first_token_delivery: decode_step_ms must be > 0, got {decode_step_ms}")
+    keep = np.isfinite(m) & np.isfinite(p) & np.isfinite(t)
+    m, p, t = m[keep], p[keep], t[keep]
+    base = {float(n): float(np.median(t[(p == n) & (m == 1)])) for n in set(p[m == 1].tolist())}
+    many = np.flatnonzero((m > 1) & np.isin(p, list(base)))
+    if not base or many.size == 0:
+        raise ValueError(
+            "fit_first_token_delivery: need one-token and multi-token rows of the same prompt length"
+        )
+    extra = np.array([t[i] - base[float(p[i])] for i in many])
+    deferred = extra > (m[many] - 1) * decode_step_ms / 2.0
+    return {
+        "first_token_deferred_fraction": float(deferred.mean()),
+        "n_rows": int(many.size),
+        "n_deferred": int(deferred.sum()),
+        "extra_ttft_p50_ms": float(np.median(extra)),
     }
 
 

