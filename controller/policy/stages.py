@@ -305,7 +305,13 @@ def drained_decode(obs: PoolObservation, cap: PoolCapacity, prefill: float) -> t
     in requests/s over the mean prompt. Each request holds a decode slot for ``L`` = mean output / the
     per-sequence token rate at the ITL SLO, so the drained flow holds ``max(rate, arrivals) × L`` sequences,
     but never more than arrivals' ``arrivals × L`` plus the whole backlog (a short backlog is gone before
-    the first of its requests finishes decoding). Unknown lengths or rates: 0 (no opinion)."""
+    the first of its requests finishes decoding). Unknown lengths or rates: 0 (no opinion).
+
+    ``decide`` leaves it out for a persistent queue (``queue_age`` ≥ ``queue_persist_s``): the prefill target
+    then clears the queue within the SLO whatever it costs, and a queue that outlived a burst sits on the
+    instances it was routed to (no gateway), so the flow sized from that target never comes: on Mooncake
+    with instance queues it cost +4.3 % GPU-s for no SLO (docs/BENCHMARKS.md, "Decode for a draining
+    backlog")."""
     waiting = obs.waiting_requests
     if not (
         _known(waiting) and waiting > 0 and _known(obs.mean_prompt_tokens) and _known(obs.mean_output_tokens)

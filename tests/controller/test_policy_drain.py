@@ -114,3 +114,14 @@ def test_decide_sizes_decode_for_the_drain() -> None:
     assert plan.decode >= math.ceil(8 * 1.3)
     plan0, _ = decide(ctx(obs(waiting_requests=0.0)), PoolState())
     assert plan0 is not None and not any(r.startswith("drain:") for r in plan0.reasons)
+
+
+def test_decide_leaves_the_drain_out_for_a_persistent_queue() -> None:
+    """A queue older than ``queue_persist_s`` is the load exceeding the fleet (its prefill target clears it
+    whatever it costs): no decode is sized from that target's drain."""
+    o = obs(waiting_requests=2_000.0, oldest_wait_s=0.5, active={"prefill": 8, "decode": 4})
+    old = PoolState(queue_since_s=o.now_s - 121.0)  # queue_persist_s defaults to 120 s
+    plan, _ = decide(ctx(o), old)
+    assert plan is not None and not any(r.startswith("drain:") for r in plan.reasons)
+    young, _ = decide(ctx(o), PoolState(queue_since_s=o.now_s - 119.0))
+    assert young is not None and any(r.startswith("drain:") for r in young.reasons)
