@@ -173,3 +173,23 @@ def test_router_config_names_its_pool_and_a_bad_one_is_refused() -> None:
     assert router_config_from_dict({"pool": "chat"}).pool == "chat"
     with pytest.raises(RouterConfigError, match="pool"):
         router_config_from_dict({"pool": "x" * 129}, "r.yaml")
+
+
+def test_router_cli_pool_option_overrides_the_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    import serving.router.app
+    from serving.router.cli import app
+    from serving.router.config import RouterConfig
+
+    got: list[RouterConfig] = []
+    monkeypatch.setattr(serving.router.app, "run_router", got.append)
+    cfg = Path(str(tmp_path)) / "router.yaml"
+    cfg.write_text("pool: from-file\n")
+    assert CliRunner().invoke(app, ["--config", str(cfg)]).exit_code == 0
+    assert CliRunner().invoke(app, ["--config", str(cfg), "--pool", "chat"]).exit_code == 0
+    assert [c.pool for c in got] == ["from-file", "chat"]
