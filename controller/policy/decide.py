@@ -60,6 +60,10 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         reasons.append(
             f"{why_trend}; + {queued:.2f} decode for the queue it will prefill" if queued else why_trend
         )
+    if queue_s < cfg.queue_persist_s:  # not for a persistent queue (see stages.drained_decode)
+        need, why_drain = stages.with_drain(need, *stages.drained_decode(obs, cap, need.prefill))
+        if why_drain:
+            reasons.append(why_drain)
     prefill, decode, why = stages.with_headroom(need, cfg.headroom)
     reasons.append(why)
     decode, buffer_seqs, why = stages.buffer_target(need.running_seqs, decode, cfg.buffer_multiplier, cap)

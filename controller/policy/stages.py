@@ -292,6 +292,59 @@ def queued_decode(obs: PoolObservation, cap: PoolCapacity) -> float:
     return waiting / cap.decode_seqs if _known(waiting) else 0.0
 
 
+def drained_decode(obs: PoolObservation, cap: PoolCapacity, prefill: float) -> tuple[float, str | None]:
+    """Decode instances the flow out of a draining prefill backlog holds (0 and no reason when no backlog,
+    or when arrivals already ask for as much).
+
+    While requests wait to be prefilled (at the gateway or the instances), prefill runs flat out, and decode
+    receives prefill's *throughput*, not the arrival rate: sized by Little's law on arrivals, decode is short
+    exactly while the backlog drains (the 600-s sinusoid with the gateway queue on: every arrival of
+    180–300 s past the ITL SLO). The drained flow is ``prefill`` instances (the planned capacity, at least
+    the active ones) at the per-instance rate, the higher of the modelled one at the TTFT SLO and the measured
+    prompt tokens/s per active prefill instance (a saturated pool may prefill faster than its SLO rate);
+    in requests/s over the mean prompt. Each request holds a decode slot for ``L`` = mean output / the
+    per-sequence token rate at the ITL SLO, so the drained flow holds ``max(rate, arrivals) × L`` sequences,
+    but never more than arrivals' ``arrivals × L`` plus the whole backlog (a short backlog is gone before
+    the first of its requests finishes decoding). Unknown lengths or rates: 0 (no opinion).
+
+    ``decide`` leaves it out for a persistent queue (``queue_age`` ≥ ``queue_persist_s``): the prefill target
+    then clears the queue within the SLO whatever it costs, and a queue that outlived a burst sits on the
+    instances it was routed to (no gateway), so the flow sized from that target never comes: on Mooncake
+    with instance queues it cost +4.3 % GPU-s for no SLO (docs/BENCHMARKS.md, "Decode for a draining
+    backlog")."""
+    waiting = obs.waiting_requests
+    if not (
+        _known(waiting) and waiting > 0 and _known(obs.mean_prompt_tokens) and _known(obs.mean_output_tokens)
+    ):
+        return 0.0, None
+    if obs.mean_prompt_tokens <= 0 or obs.mean_output_tokens <= 0:
+        return 0.0, None
+    per_instance_tps = cap.prefill_tps / cap.correction
+    active = obs.active.get("prefill", 0)
+    if active > 0 and _known(obs.prompt_tps) and not obs.prompt_at_arrival:
+        per_instance_tps = max(per_instance_tps, obs.prompt_tps / active)
+    instances = max(prefill, float(active)) if _known(prefill) else float(active)
+    drain_rps = instances * per_instance_tps / obs.mean_prompt_tokens
+    arrival_rps = obs.arrival_rps if _known(obs.arrival_rps) else 0.0
+    lifetime_s = obs.mean_output_tokens / (cap.decode_tps / cap.decode_seqs)
+    seqs = min(max(drain_rps, arrival_rps) * lifetime_s, arrival_rps * lifetime_s + waiting)
+    decode = min(seqs / cap.decode_seqs, MAX_NEED)
+    why = (
+        f"drain: {waiting:.0f} waiting, prefill {instances:.1f} instances clear {drain_rps:.1f} req/s"
+        f" (arrivals {arrival_rps:.1f}) → {seqs:.0f} sequences decoding {lifetime_s:.1f} s each:"
+        f" decode {decode:.2f}"
+    )
+    return decode, why
+
+
+def with_drain(need: Need, decode: float, why: str | None) -> tuple[Need, str | None]:
+    """``need`` with its decode raised to ``decode`` (from ``drained_decode``) and ``why``, when that is
+    higher; else ``need`` unchanged and None."""
+    if why is None or not decode > need.decode:
+        return need, None
+    return replace(need, decode=decode), why
+
+
 def with_headroom(need: Need, headroom: float) -> tuple[int, int, str]:
     """Stage 2: headroom, each pool rounded up separately (one ceil over the sum can starve a pool)."""
     prefill = math.ceil(need.prefill * (1 + headroom) - 1e-9)

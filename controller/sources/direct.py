@@ -38,8 +38,14 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.settings import LabelMap
-from controller.sources.prometheus import COUNTERS, GAUGES, HISTOGRAMS, PrometheusSource, SourceError
-from serving.sim import samples as names
+from controller.sources.prometheus import (
+    COUNTERS,
+    GAUGES,
+    HISTOGRAMS,
+    PrometheusSource,
+    SourceError,
+    add_router_queues,
+)
 from serving.sim.samples import InstanceSamples
 
 log = logging.getLogger(__name__)
@@ -53,7 +59,6 @@ _WANTED = re.compile(
 _LABELS = LabelMap(instance="instance", pool="pool", role="role", node="node", pool_fallback=None)
 _IDENTITY = ("instance", "pool", "role", "node")
 _QUEUE_NAME = re.compile(r"pdscale[:_]router_queue_length")
-ENTRY_STAGES = ("prefill", "mixed")  # where requests enter a pool: their router queue is waiting demand
 T = TypeVar("T")
 
 
@@ -177,28 +182,11 @@ def router_queue(text: str) -> dict[str, float]:
 
 
 def add_router_backlog(samples: InstanceSamples, queue: Mapping[str, float]) -> tuple[InstanceSamples, float]:
-    """``samples`` with the router's prefill and mixed queues added to the waiting requests of that stage's
-    members (shared evenly; a stage without members goes to the pool's other entry members), and the
-    requests left unplaced (queued while the pool has no prefill or mixed member). Members with unknown
-    waiting stay unknown (NaN)."""
-    waiting = samples.gauges.get(names.NUM_REQUESTS_WAITING)
-    roles = np.array(samples.roles, dtype=object)
-    backlog = {stage: queue.get(stage, 0.0) for stage in ENTRY_STAGES}
-    if waiting is None or not any(v > 0 for v in backlog.values()):
-        return samples, (0.0 if waiting is not None else sum(backlog.values()))
-    out = np.array(waiting, dtype=np.float64, copy=True)
-    unplaced = 0.0
-    for stage, n in backlog.items():
-        if n <= 0:
-            continue
-        sel = roles == stage
-        if not sel.any():
-            sel = np.isin(roles, ENTRY_STAGES)
-        if not sel.any():
-            unplaced += n
-            continue
-        out[sel] += n / int(sel.sum())
-    return replace(samples, gauges={**samples.gauges, names.NUM_REQUESTS_WAITING: out}), unplaced
+    """``samples`` (one pool's) with the router's prefill and mixed queues added to the waiting requests of
+    that stage's members, and the requests left unplaced: ``prometheus.add_router_queues`` for one pool."""
+    pool = samples.pools[0] if samples.pools else ""
+    out, unplaced = add_router_queues(samples, {pool: queue})
+    return out, unplaced.get(pool, 0.0)
 
 
 class PageQuerier:

@@ -23,7 +23,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -51,15 +51,21 @@ COUNTERS: dict[str, str] = {
     names.NUM_PREEMPTIONS_TOTAL: "vllm[:_]num_preemptions(_total)?",
     names.ROUTER_REQUESTS_TOTAL: "pdscale[:_]router_requests(_total)?",
     names.ROUTER_PROMPT_TOKENS_TOTAL: "pdscale[:_]router_prompt_tokens(_total)?",
+    names.ROUTER_DISPATCHED_TOTAL: "pdscale[:_]router_dispatched(_total)?",
 }
+# the router's queues, per pool (its `pool` label) and stage: requests not yet sent to any instance
+ROUTER_QUEUE = "pdscale[:_]router_queue_length"
+ENTRY_STAGES = ("prefill", "mixed")  # where requests enter a pool: their router queue is waiting demand
 HISTOGRAMS: dict[str, str] = {
     names.TIME_TO_FIRST_TOKEN_SECONDS: "vllm[:_]time_to_first_token_seconds_bucket",
     names.INTER_TOKEN_LATENCY_SECONDS: "vllm[:_]inter_token_latency_seconds_bucket",
 }
 _MEAN_GAUGES = frozenset({names.KV_CACHE_USAGE_PERC})
+# the router's per-backend counters: optional (absent = no router), and attributed only to instances the
+# vLLM series name (a router scraped as its own target would otherwise read as one more instance)
 _ROUTER_COUNTERS = frozenset(
-    {names.ROUTER_REQUESTS_TOTAL, names.ROUTER_PROMPT_TOKENS_TOTAL}
-)  # per-instance mean over its series, not a sum
+    {names.ROUTER_REQUESTS_TOTAL, names.ROUTER_PROMPT_TOKENS_TOTAL, names.ROUTER_DISPATCHED_TOTAL}
+)
 _HTTP_CODE = re.compile(r"HTTP Status Code (\d{3})")
 
 
@@ -279,6 +285,7 @@ class PrometheusSource:
         for metric, regex in HISTOGRAMS.items():
             rows = self._instant(f'{{__name__=~"{regex}"}}', now_s, deadline)
             buckets[metric] = self._buckets(metric, rows, who, tally)
+        queues = self._router_queues(self._instant(f'{{__name__=~"{ROUTER_QUEUE}"}}', now_s, deadline), tally)
         if tally:
             log.warning("prometheus source: unmapped series this scrape: %s", tally)
         ids = tuple(sorted(who))
@@ -291,7 +298,7 @@ class PrometheusSource:
             arr = np.array([per.get(i, math.nan) for i in ids], dtype=np.float64).reshape(n)
             (gauges if metric in GAUGES else counters)[metric] = arr
         histograms = {m: _histogram(per, ids) for m, per in buckets.items() if per}
-        return InstanceSamples(
+        samples = InstanceSamples(
             now_s=now_s,
             instance_ids=ids,
             pools=tuple(who[i].pool for i in ids),
@@ -302,6 +309,46 @@ class PrometheusSource:
             counters=counters,
             histograms=histograms,
         )
+        samples, unplaced = add_router_queues(samples, queues)
+        for pool, left in unplaced.items():
+            if left > 0:
+                log.warning("prometheus source: pool %s: %g requests queued at the router not counted: no"
+                            " prefill or mixed instance (or no waiting gauge) to count them on", pool, left,
+                            extra={"event": "router_backlog_unplaced"})  # fmt: skip
+        return samples
+
+    def _router_queues(
+        self, rows: list[dict[str, Any]], tally: dict[str, int]
+    ) -> dict[str, dict[str, float]]:
+        """The router queues' requests per pool and stage (summed over priority classes and routers), each
+        series under its best-ranked spelling; a series without a pool label is counted as unmapped."""
+        metric = names.ROUTER_QUEUE_LENGTH
+        best: dict[tuple[str, frozenset[tuple[str, str]]], tuple[int, float]] = {}
+        for row in rows:
+            labels = row["metric"]
+            pool = labels.get(self.labels.pool, "")
+            if not pool and self.labels.pool_fallback is not None:
+                pool = labels.get(self.labels.pool_fallback, "")
+            if not pool:
+                self._note_unmapped(
+                    metric, f"no {self.labels.pool!r} label (name the router's pool)", labels, tally
+                )
+                continue
+            key = (pool, frozenset((k, v) for k, v in labels.items() if k != "__name__"))
+            rank = _spelling_rank(labels.get("__name__", ""), metric)
+            value = float(row["value"][1])
+            have = best.get(key)
+            if have is not None and have[0] != rank:
+                self._spelling_conflicts += 1
+            if have is None or rank < have[0]:
+                best[key] = (rank, value)
+        out: dict[str, dict[str, float]] = {}
+        for (pool, labelset), (_, value) in best.items():
+            stage = dict(labelset).get("stage", "")
+            if math.isfinite(value):
+                per = out.setdefault(pool, {})
+                per[stage] = per.get(stage, 0.0) + value
+        return out
 
     def _per_instance(
         self, metric: str, rows: list[dict[str, Any]], who: dict[str, _Identity], tally: dict[str, int]
@@ -314,6 +361,11 @@ class PrometheusSource:
             ident = identify(labels, self.labels)
             if isinstance(ident, str):
                 self._note_unmapped(metric, ident, labels, tally)
+                continue
+            if metric in _ROUTER_COUNTERS and ident.instance not in who:
+                self._note_unmapped(
+                    metric, f"instance {ident.instance!r}, named by no vLLM series", labels, tally
+                )
                 continue
             who.setdefault(ident.instance, ident)
             rank = _spelling_rank(labels.get("__name__", ""), metric)
@@ -427,6 +479,40 @@ class PrometheusSource:
             have = out.get(pool)
             out[pool] = s.values if have is None else np.where(np.isnan(have), s.values, have)
         return out
+
+
+def add_router_queues(
+    samples: InstanceSamples, queues: Mapping[str, Mapping[str, float]]
+) -> tuple[InstanceSamples, dict[str, float]]:
+    """``samples`` with each pool's router queues (pool -> stage -> requests) of the entry stages (prefill,
+    mixed) added to the waiting requests of that pool's instances of the stage, shared evenly (a stage
+    without instances goes to the pool's other entry instances), and per pool the requests left unplaced
+    (the pool has no entry instance, or the waiting gauge is absent). An instance whose waiting is unknown
+    (NaN) stays unknown: the pool's backlog is then unknown, never a partial sum read as the whole."""
+    waiting = samples.gauges.get(names.NUM_REQUESTS_WAITING)
+    unplaced: dict[str, float] = {}
+    backlogs = {
+        pool: {stage: n for stage in ENTRY_STAGES if (n := per.get(stage, 0.0)) > 0}
+        for pool, per in queues.items()
+    }
+    if not any(backlogs.values()):
+        return samples, unplaced
+    if waiting is None:
+        return samples, {pool: sum(b.values()) for pool, b in backlogs.items() if b}
+    out = np.array(waiting, dtype=np.float64, copy=True)
+    roles = np.array(samples.roles, dtype=object)
+    pools = np.array(samples.pools, dtype=object)
+    for pool, backlog in backlogs.items():
+        in_pool = pools == pool
+        for stage, n in backlog.items():
+            sel = in_pool & (roles == stage)
+            if not sel.any():
+                sel = in_pool & np.isin(roles, ENTRY_STAGES)
+            if not sel.any():
+                unplaced[pool] = unplaced.get(pool, 0.0) + n
+                continue
+            out[sel] += n / int(sel.sum())
+    return replace(samples, gauges={**samples.gauges, names.NUM_REQUESTS_WAITING: out}), unplaced
 
 
 def _histogram(per: Mapping[str, Mapping[float, float]], ids: Sequence[str]) -> Histogram:

@@ -468,6 +468,7 @@ class PoolManager:
                 host=self.settings.router_host,
                 port=self.settings.router_port,
                 policy=self.settings.policy,
+                pool=self.name,
                 poll_interval_s=self.settings.router_poll_interval_s,
                 health_interval_s=self.settings.router_health_interval_s,
             )

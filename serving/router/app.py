@@ -170,7 +170,7 @@ class Router:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(config.pool)
         self.policy = make_policy(config.policy)
         self.queues = AdmissionQueues(config.max_queue)
         self.registry = BackendRegistry(

@@ -19,6 +19,10 @@ def router_cmd(
     policy: Annotated[
         str | None, typer.Option(help="Routing policy: least-loaded, context-aware or node-score.")
     ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(help="The pool's name: a pool label on the router's series (overrides the config)."),
+    ] = None,
     backend: Annotated[
         list[str] | None,
         typer.Option(
@@ -47,7 +51,7 @@ def router_cmd(
     console = Console(stderr=True)
     try:
         doc = load_router_config(config).model_dump() if config is not None else {}
-        overrides = {"host": host, "port": port, "policy": policy}
+        overrides = {"host": host, "port": port, "policy": policy, "pool": pool}
         doc.update({k: v for k, v in overrides.items() if v is not None})
         doc["backends"] = list(doc.get("backends", ())) + [_parse_backend(b) for b in backend or ()]
         cfg = router_config_from_dict(doc, str(config) if config else "<command line>")
@@ -56,7 +60,8 @@ def router_cmd(
         raise typer.Exit(2) from None
     kinds = ", ".join(f"{b.id}={b.role}@{b.url}" for b in cfg.backends) or "none yet (POST /admin/backends)"
     console.print(
-        f"[bold]pdscale router[/bold] on http://{cfg.host}:{cfg.port} policy={cfg.policy} backends: {kinds}"
+        f"[bold]pdscale router[/bold] on http://{cfg.host}:{cfg.port} policy={cfg.policy}"
+        f" pool={cfg.pool or '(none)'} backends: {kinds}"
     )
     run_router(cfg)
 

@@ -45,6 +45,9 @@ class RouterConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)  # 0: any free port
     policy: str = "least-loaded"
+    # The pool the router fronts: a `pool` label on every series of its /metrics page, which a Prometheus
+    # source needs to attribute its queue and counters ("" = no label; the pool manager passes its name).
+    pool: str = Field(default="", max_length=128)
     backends: tuple[BackendModel, ...] = ()
     # How long a request may wait for a backend slot before a 503: long enough to ride out a scale-up
     # of warm standby, short enough that clients are not left hanging.

@@ -7,14 +7,21 @@ pool's sum is the arrival rate even while the fleet is saturated), so a controll
 fleets alike. ``pdscale:router_dispatched_total`` counts what each backend was actually sent (every attempt,
 after any queue wait). ``pdscale:router_queue_length`` is the backlog the controller adds to the pool's
 waiting requests. Pages are classic text format 0.0.4, which keeps the colons.
+
+Every series on the page carries the router's ``pool`` label when the router names its pool
+(``RouterConfig.pool``, ``pdscale router --pool``; the pool manager passes its own name), so a Prometheus
+source can tell whose queue and counters they are; a router with no pool name exports no ``pool`` label.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 M = TypeVar("M", bound=MetricWrapperBase)
 
@@ -24,12 +31,32 @@ OVERHEAD_BUCKETS_S = (
 )  # fmt: skip
 
 
-class RouterMetrics:
-    """Every metric the router exports. One instance per router."""
+class _WithLabel(Collector):
+    """Every sample of ``inner`` with one more label (the router's pool), added when the page is made: the
+    request path keeps binding the metrics' own labels only."""
 
-    def __init__(self) -> None:
+    def __init__(self, inner: CollectorRegistry, name: str, value: str) -> None:
+        self.inner, self.name, self.value = inner, name, value
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.inner.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [s._replace(labels={**s.labels, self.name: self.value}) for s in family.samples]
+            yield out
+
+
+class RouterMetrics:
+    """Every metric the router exports. One instance per router. ``pool``: the pool the router fronts,
+    a ``pool`` label on every series of the page ("": none)."""
+
+    def __init__(self, pool: str = "") -> None:
+        self.pool = pool
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.page_registry = r  # what the page shows: the metrics, with the pool label when named
+        if pool:
+            self.page_registry = CollectorRegistry(auto_describe=False)
+            self.page_registry.register(_WithLabel(r, "pool", pool))
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.client_requests = Counter(
             "pdscale:router_client_requests",
@@ -110,4 +137,4 @@ class RouterMetrics:
         return child
 
     def page(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.page_registry)

@@ -25,6 +25,10 @@ ROUTER_REQUESTS_TOTAL = "pdscale:router_requests_total"
 # routing (the router's estimate on real vLLM). Demand as it arrives: vllm:prompt_tokens_total counts tokens as
 # they are processed, so it flattens at the instances' throughput exactly when demand exceeds it.
 ROUTER_PROMPT_TOKENS_TOTAL = "pdscale:router_prompt_tokens_total"
+# Not vLLM metrics, pdscale's router only: requests it sent to the instance (after any wait for a slot; every
+# attempt), and requests waiting in its queues (labels stage, priority_class; pool when the router names it)
+ROUTER_DISPATCHED_TOTAL = "pdscale:router_dispatched_total"
+ROUTER_QUEUE_LENGTH = "pdscale:router_queue_length"
 # Not vLLM metrics: tail-request handling in the simulator (serving.sim.engine.TailPolicy). Requests moved to
 # the front of this instance's queue after waiting a fraction of the TTFT SLO, and times this instance was
 # promoted from standby for such a request. Exported only when a TailPolicy is set.

@@ -106,7 +106,7 @@ class FakeVllmExporter:
                 if reg is None:
                     self.send_error(404)
                     return
-                if self.path == "/colon":
+                if self.path in ("/colon", "/router"):  # the router serves text 0.0.4, as vLLM's exporter may
                     body, ctype = generate_latest(reg), "text/plain; version=0.0.4; charset=utf-8"
                 else:
                     body = generate_openmetrics(reg)  # type: ignore[no-untyped-call]

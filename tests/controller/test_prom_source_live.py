@@ -14,6 +14,7 @@ import pytest
 from controller.settings import LabelMap
 from controller.sources.aggregate import LoadAggregator
 from controller.sources.prometheus import PrometheusSource, SourceUnavailable
+from serving.router.metrics import RouterMetrics
 from serving.sim import samples as names
 from tests.controller.test_prom_source_exporter import BOUNDS_S, FakeInstance, FakeVllmExporter
 from tests.support.prometheus import DISCOVERY_DELAY_S, PrometheusServer, ScrapeJob, free_port
@@ -32,21 +33,42 @@ DECODE = FakeInstance(
 )
 MIXED = FakeInstance({"instance_id": "b-m0", "model_name": "b"}, 5.0, 1.0, 0.25, 500.0, 200.0, None, 2.0)
 UNMAPPED = ({"pool": "a", "role": "decode"},)  # no instance_id: counted, never dropped silently
+# pdscale's router for pool "a" (its real /metrics page, text format: colons): 4 + 2 requests queued for
+# prefill (added to the pool's waiting), 9 for decode (not prefill demand); 10 dispatched to a-p0, 3 to a
+# backend no vLLM series names (unmapped, never an instance of its own). Pool "b"'s router page is
+# OpenMetrics (underscores): 2 queued for mixed.
+ROUTER_A, ROUTER_B = RouterMetrics("a"), RouterMetrics("b")
+ROUTER_A.queue_length.labels("prefill", "normal").set(4)
+ROUTER_A.queue_length.labels("prefill", "vip").set(2)
+ROUTER_A.queue_length.labels("decode", "normal").set(9)
+ROUTER_A.dispatched.labels("a-p0", "prefill", "n0").inc(10)
+ROUTER_A.dispatched.labels("gone", "prefill", "n1").inc(3)
+ROUTER_B.queue_length.labels("mixed", "batch").set(2)
 WAIT_S = DISCOVERY_DELAY_S + 15.0
 
 
 @pytest.fixture(scope="module")
 def prom(prometheus_bin: str) -> Iterator[PrometheusServer]:
-    with FakeVllmExporter((PREFILL, DECODE), (MIXED,), unmapped=UNMAPPED) as exporter:
+    exporter = FakeVllmExporter((PREFILL, DECODE), (MIXED,), unmapped=UNMAPPED)
+    exporter.registries["/router"] = ROUTER_A.page_registry
+    exporter.registries["/router-b"] = ROUTER_B.page_registry
+    with exporter:
         jobs = [
             ScrapeJob("colon", (exporter.target,), 1.0, metrics_path="/colon", honor_labels=True),
             ScrapeJob("underscore", (exporter.target,), 1.0, metrics_path="/underscore", honor_labels=True),
+            ScrapeJob("router", (exporter.target,), 1.0, metrics_path="/router", honor_labels=True),
+            ScrapeJob("router-b", (exporter.target,), 1.0, metrics_path="/router-b", honor_labels=True),
         ]
         with PrometheusServer(prometheus_bin, jobs) as server:
             server.wait_for_query(
                 '{__name__=~"vllm[:_]time_to_first_token_seconds_bucket"}',
                 timeout_s=WAIT_S,
                 predicate=lambda r: len(r) == 12,
+            )
+            server.wait_for_query(
+                '{__name__=~"pdscale[:_]router_queue_length"}',
+                timeout_s=WAIT_S,
+                predicate=lambda r: len(r) == 4,
             )
             yield server
 
@@ -62,15 +84,17 @@ def test_scrape_maps_instances_and_reads_both_spellings(prom: PrometheusServer) 
     np.testing.assert_array_equal(s.gauges[names.KV_CACHE_USAGE_PERC], [0.4, 0.0, 0.25])
     waiting = s.gauges[names.NUM_REQUESTS_WAITING]
     assert math.isnan(waiting[0]), "a missing series is unknown (NaN), never 0"
-    np.testing.assert_array_equal(waiting[1:], [3.0, 1.0])
+    np.testing.assert_array_equal(waiting[1:], [3.0 + 6.0, 1.0 + 2.0])  # + the routers' entry queues
     routed = s.counters[names.ROUTER_REQUESTS_TOTAL]
     assert routed[1] > 0 and math.isnan(routed[2])
+    dispatched = s.counters[names.ROUTER_DISPATCHED_TOTAL]
+    assert dispatched[1] == 10.0 and math.isnan(dispatched[0]) and math.isnan(dispatched[2])
     assert (s.counters[names.PROMPT_TOKENS_TOTAL][[1, 2]] > 0).all()
     ttft = s.histograms[names.TIME_TO_FIRST_TOKEN_SECONDS]
     assert ttft.bounds_s == BOUNDS_S
     assert (ttft.counts[:, 0] == 0).all() and (ttft.counts[:, 1] == ttft.counts[:, -1]).all()
     assert names.INTER_TOKEN_LATENCY_SECONDS not in s.histograms  # not exported: absent, not zeros
-    assert source.stats().unmapped == {names.NUM_REQUESTS_RUNNING: 1}
+    assert source.stats().unmapped == {names.NUM_REQUESTS_RUNNING: 1, names.ROUTER_DISPATCHED_TOTAL: 1}
 
 
 def test_aggregator_rates_from_two_scrapes(prom: PrometheusServer) -> None:
@@ -89,7 +113,8 @@ def test_aggregator_rates_from_two_scrapes(prom: PrometheusServer) -> None:
     assert math.isnan(b.arrival_rps), "no router counter in pool b: arrivals unknown"
     # running: decode and mixed instances only (the prefill instance's 2 are prefilling, not decoding)
     assert a.running == 7.0 and b.running == 5.0
-    assert a.waiting == 3.0, "prefill and mixed only: the decode instance's (missing) gauge is not in the sum"
+    # prefill and mixed only (the decode instance's missing gauge is not in the sum), + the router's 6 queued
+    assert a.waiting == 9.0 and b.waiting == 3.0
     assert a.kv_usage == pytest.approx(0.4) and b.kv_usage == pytest.approx(0.25)
     # every TTFT in (0.1, 0.25]: Prometheus-style interpolation puts p50 half-way, p90 at 9/10
     assert a.ttft_p50_s == pytest.approx(0.175) and a.ttft_p90_s == pytest.approx(0.235)

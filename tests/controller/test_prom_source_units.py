@@ -120,7 +120,8 @@ def test_one_query_per_metric_and_the_canonical_spelling_wins() -> None:
     )
     source = PrometheusSource("http://unused", querier=q)
     s = source.scrape(100.0)
-    assert len(q.queries) == 3 + 5 + 2  # gauges, counters, histograms: one each for the whole fleet
+    # gauges, counters, histograms, the router queue: one query each for the whole fleet
+    assert len(q.queries) == 3 + 6 + 2 + 1
     assert s.gauges[names.NUM_REQUESTS_RUNNING][0] == 3.0  # not 6: spellings are never added up
     assert s.counters[names.PROMPT_TOKENS_TOTAL][0] == 12.0  # the canonical name, wherever it comes
     assert s.gauges[names.KV_CACHE_USAGE_PERC][0] == pytest.approx(0.3)  # engines averaged
