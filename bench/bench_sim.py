@@ -2,7 +2,8 @@
 
 Prompt and output lengths are drawn (seeded) from the bundled Azure 2023 conversation trace, so the load
 is realistic: ~37k prompt tokens/s and ~6k generated tokens/s. The latency model is the real one for
-``llama3-8b/a100``. Prints wall seconds, events-relevant counts and peak RSS; ``--profile`` adds cProfile.
+``llama3-8b/a100``. Prints wall and CPU seconds (``time.process_time``), counts, peak RSS and the load
+average; ``--profile`` adds cProfile.
 
 Run: .venv/bin/python bench/bench_sim.py [--duration-s 3600] [--rate-rps 30] [--profile]
 """
@@ -54,6 +55,7 @@ def main() -> None:
     fleet = single_pool(prefill=args.prefill, decode=args.decode)
     policy = make_policy("fixed", PolicyOptions(prefill=args.prefill, decode=args.decode))
     prof = cProfile.Profile() if args.profile else None
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     if prof:
@@ -77,6 +79,8 @@ def main() -> None:
         "slo_attainment": report.slo_attainment,
         "preemptions": report.preemptions,
         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+        "loadavg_1m_before": round(load_before, 2),
+        "loadavg_1m_after": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(out, indent=2))
     if prof:

@@ -398,22 +398,33 @@ class Simulator:
             stage=role,
         )
         inst = ready[pool.router.choose(request, ready)] if len(ready) > 1 else ready[0]
-        self._count_routed(pool, inst, role, rid)
+        routed = self._count_routed(pool, inst, role, rid)
         if admit and pool.admission_delay_ms is not None:
             delay_ms = float(pool.admission_delay_ms(len(inst.decoding)))
             if delay_ms > 0.0:
                 inst.load += 1  # on its way in: the router sees it
+                if routed:  # counted now, with its prompt tokens (it may be routed again if inst fails)
+                    inst.router_requests_total += 1
                 self._push(self.now_s + delay_ms / 1000.0, _EV_ADMIT, rid, inst.index)
                 return
-        self._enqueue(inst, rid)
+        self._enqueue(inst, rid, routed=routed)
 
-    def _count_routed(self, pool: _Pool, inst: Instance, role: str, rid: int) -> None:
-        if role == pool.entry_role:
-            inst.router_prompt_tokens_total += int(self.req.prompt[rid])
-        if role == pool.entry_role and self.output_predictor is not None:
-            predicted = self.req.predicted[rid]
+    def _count_routed(self, pool: _Pool, inst: Instance, role: str, rid: int) -> bool:
+        """Count ``rid`` routed to ``inst`` on the router's prompt and predicted-output counters; whether its
+        router request counter should count it too. False for the entry role when the request was counted
+        there before (routed again after its instance failed: the same offered load, counted once)."""
+        if role != pool.entry_role:
+            return True
+        req = self.req
+        if req.entry_counted[rid]:
+            return False
+        req.entry_counted[rid] = True
+        inst.router_prompt_tokens_total += int(req.prompt[rid])
+        if self.output_predictor is not None:
+            predicted = req.predicted[rid]
             if not math.isnan(predicted):
                 inst.predicted_output_tokens_total += predicted
+        return True
 
     # -- the gateway queue (GatewayPolicy) -----------------------------------------------------------------
     # Invariant: a role's gateway queue holds requests only while no active instance of the role has room
@@ -429,8 +440,8 @@ class Simulator:
             # arrival count the controller reads: counted at dispatch it would be capped by the fleet's
             # capacity exactly when the fleet is short); kept on an active instance of the role.
             first = ready[0]
-            first.router_requests_total += 1
-            self._count_routed(pool, first, role, rid)
+            if self._count_routed(pool, first, role, rid):
+                first.router_requests_total += 1
             self._gw_counted.add(rid)
         if len(gq) > pool.gateway_peak[role]:
             pool.gateway_peak[role] = len(gq)
@@ -476,13 +487,13 @@ class Simulator:
             elif len(inst.waiting) >= w:
                 break
             rid = gq.pop()
-            counted = rid in self._gw_counted
-            if counted:
+            if rid in self._gw_counted:
                 self._gw_counted.discard(rid)
+                routed = False
             else:  # held while no instance of its role was active: counted where it goes, as the router queue
-                self._count_routed(pool, inst, inst.role, rid)
+                routed = self._count_routed(pool, inst, inst.role, rid)
             self.req.where[rid] = inst.index
-            moved = inst.enqueue(rid, self.req.priority[rid], self.now_s, routed=not counted) or moved
+            moved = inst.enqueue(rid, self.req.priority[rid], self.now_s, routed=routed) or moved
             n += 1
         if moved and replan:
             inst.version += 1
@@ -508,7 +519,7 @@ class Simulator:
         if inst.state != "failed":
             inst.load -= 1
         if inst.state in ("active", "draining"):
-            self._enqueue(inst, rid)
+            self._enqueue(inst, rid, routed=False)  # counted when it was routed here
         else:
             pool = self.pools[self.req.pool_of[rid]]
             self._route(pool, pool.entry_role, rid)
