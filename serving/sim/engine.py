@@ -64,6 +64,8 @@ on the instance that completes the request, tokens on the instance that produced
 counts the prompt and the token it samples: fleet generation tokens = output tokens + one per KV handoff),
 ``pdscale:router_requests_total`` on each instance a request is routed to (entry and, when disaggregated,
 decode), ``pdscale:router_prompt_tokens_total`` (the prompt tokens of those requests) on entry instances only.
+On the entry role these router counters count each request once: one routed again after its instance failed
+(or failed during its admission delay) is the same offered load and is not counted again.
 """
 
 from __future__ import annotations
