@@ -1,19 +1,24 @@
 """The controller daemon's own cost per tick, without Prometheus or Kubernetes I/O.
 
 Run: ``nice .venv/bin/python bench/bench_daemon.py [--pools 1 8] [--instances 2 64] [--ticks 300] [--json out.json]``
+(``--instances 2 64 125`` adds 8 × 125 = 1,000 instances, the issue's unit for the goal of ≤ 10 ms per tick.)
 
 - ``Pipeline.tick``: aggregate a synthetic scrape (every instance's vLLM counters and gauges growing at fixed
   rates), one batched Holt forecaster step, ``decide`` per pool, the GPU budget across pools.
 - ``Daemon.tick``: the same plus the in-memory dry-run actuator (``current`` + ``apply``), the telemetry
   registry and the JSONL audit log (to a temporary file), on a virtual clock.
 What a live tick adds on top is the I/O, measured in bench/bench_controller_io.py (a 10-instance scrape ≈ 50 ms,
-an apply ≈ 3-5 ms). Prints a Markdown table for docs/BENCHMARKS.md.
+an apply ≈ 3-5 ms). Prints a Markdown table for docs/BENCHMARKS.md: wall time per tick and the CPU time of
+the ticking thread (``time.thread_time``, the figure least distorted by other processes on a shared machine),
+the process's peak RSS and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -82,9 +87,16 @@ def _setups(n_pools: int) -> list[PoolSetup]:
     return [PoolSetup(PoolSpec(name=f"p{p}"), policy) for p in range(n_pools)]
 
 
-def _stats(times_s: list[float]) -> dict[str, float]:
+def _stats(times_s: list[float], cpu_s: list[float]) -> dict[str, float]:
     ms = sorted(t * 1000.0 for t in times_s)
-    return {"median_ms": statistics.median(ms), "p99_ms": ms[int(0.99 * (len(ms) - 1))], "max_ms": ms[-1]}
+    cpu = sorted(t * 1000.0 for t in cpu_s)
+    return {
+        "median_ms": statistics.median(ms),
+        "p99_ms": ms[int(0.99 * (len(ms) - 1))],
+        "max_ms": ms[-1],
+        "cpu_median_ms": statistics.median(cpu),
+        "cpu_p99_ms": cpu[int(0.99 * (len(cpu) - 1))],
+    }
 
 
 def bench_pipeline(n_pools: int, per_pool: int, ticks: int) -> dict[str, float]:
@@ -93,14 +105,15 @@ def bench_pipeline(n_pools: int, per_pool: int, ticks: int) -> dict[str, float]:
     one = {"prefill": per_pool // 2, "decode": per_pool // 2}
     zero = {"prefill": 0, "decode": 0}
     counts = {f"p{p}": PoolCounts(one, one, zero, zero) for p in range(n_pools)}
-    times = []
+    times, cpu = [], []
     for k in range(ticks):
         now = 1.7e9 + k
         scrape = source.scrape(now)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         pipe.tick(scrape, counts, now)
         times.append(time.perf_counter() - t0)
-    return _stats(times[5:])
+        cpu.append(time.thread_time() - c0)
+    return _stats(times[5:], cpu[5:])
 
 
 def bench_daemon(n_pools: int, per_pool: int, ticks: int) -> dict[str, float]:
@@ -115,14 +128,15 @@ def bench_daemon(n_pools: int, per_pool: int, ticks: int) -> dict[str, float]:
             _setups(n_pools), source, actuator, Holt(), clock=clock, tick_s=1.0,
             telemetry=Telemetry(clock), audit=audit,
         )  # fmt: skip
-        times = []
+        times, cpu = [], []
         for _ in range(ticks):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             report = daemon.tick()
             times.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
             assert report.ok, report.message
             clock.advance(1.0)
-    return _stats(times[5:])
+    return _stats(times[5:], cpu[5:])
 
 
 def main() -> None:
@@ -132,6 +146,7 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=300)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    load_before = os.getloadavg()
     rows: list[dict[str, Any]] = []
     for n_pools in args.pools:
         for per_pool in args.instances:
@@ -141,15 +156,28 @@ def main() -> None:
             ):
                 rows.append({"what": what, "pools": n_pools, "instances_per_pool": per_pool,
                              **fn(n_pools, per_pool, args.ticks)})  # fmt: skip
-    print("| what | pools × instances | median ms | p99 ms | max ms |")
-    print("|---|---|---|---|---|")
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    load_after = os.getloadavg()
+    print(
+        "| what | pools × instances | wall median ms | wall p99 ms | wall max ms | cpu median ms | cpu p99 ms |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| `{r['what']}` | {r['pools']} × {r['instances_per_pool']} | {r['median_ms']:.2f} | "
-            f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} |"
+            f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} | {r['cpu_median_ms']:.2f} | {r['cpu_p99_ms']:.2f} |"
         )
+    print(
+        f"peak RSS {peak_rss_mb:.0f} MB; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}"
+    )
     if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        out = {
+            "rows": rows,
+            "peak_rss_mb": peak_rss_mb,
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+        }
+        args.json.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -294,6 +294,13 @@ def attainment_after(rep: ReplayReport, fleet: FleetSpec, after_s: float) -> flo
     return float(met[late].mean()) if late.any() else float("nan")
 
 
+def format_after(attainment: float, after_s: float) -> str:
+    """The "SLO after" cell: a percentage, or a dash saying why there is none (no arrival from ``after_s``)."""
+    if math.isnan(attainment):
+        return f"— (trace shorter than {after_s:.0f} s)"
+    return f"{attainment:.2%}"
+
+
 def decide_cost(ticks: int = 600) -> None:
     """Time one ``decide`` call per 1-s tick for one pool whose burst reserve remembers a full hour (the
     state at its largest), printing median / p99 / max ms (a reserve recomputation every 5th tick)."""
@@ -555,7 +562,7 @@ def main() -> None:
                 late = f" {attainment_after(rep, fleet, split_s):.2%} | {gpu_seconds_after(rep, fleet, split_s):,.0f} |"
             print(
                 f"| {wl} | {name} | {label} | {rep.slo_attainment:.2%} | "
-                f"{attainment_after(rep, fleet, args.warmup_s):.2%} |{late} {rep.gpu_seconds:,.0f} | "
+                f"{format_after(attainment_after(rep, fleet, args.warmup_s), args.warmup_s)} |{late} {rep.gpu_seconds:,.0f} | "
                 f"{' | '.join(ratios)} | {rep.ttft_ms['p99']:,.0f} | {rep.itl_ms['p99']:,.1f} | {wall:.0f} |",
                 flush=True,
             )

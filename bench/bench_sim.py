@@ -2,7 +2,8 @@
 
 Prompt and output lengths are drawn (seeded) from the bundled Azure 2023 conversation trace, so the load
 is realistic: ~37k prompt tokens/s and ~6k generated tokens/s. The latency model is the real one for
-``llama3-8b/a100``. Prints wall seconds, events-relevant counts and peak RSS; ``--profile`` adds cProfile.
+``llama3-8b/a100``. Prints wall and CPU seconds (``time.process_time``), counts, peak RSS and the load
+average; ``--profile`` adds cProfile.
 
 ``--stall-fraction P --stall-ms S`` prices seeded decode stalls (the cpu-tiny ``decode_stall_*`` terms) on
 top of that model, to measure what the stall term costs the simulator.
@@ -75,6 +76,7 @@ def main() -> None:
     fleet = single_pool(prefill=args.prefill, decode=args.decode)
     policy = make_policy("fixed", PolicyOptions(prefill=args.prefill, decode=args.decode))
     prof = cProfile.Profile() if args.profile else None
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     if prof:
@@ -106,6 +108,8 @@ def main() -> None:
         "preemptions": report.preemptions,
         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
         "stall": {"fraction": args.stall_fraction, "ms": args.stall_ms},
+        "loadavg_1m_before": round(load_before, 2),
+        "loadavg_1m_after": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(out, indent=2))
     if prof:

@@ -9,7 +9,9 @@ burn-in of W scores B·(L−W) windows. Measured three ways, in one process, sid
 - ``lightning``: ``Trainer.fit`` end to end (data + step + Lightning's loop), no validation, no logging.
 
 Run: ``nice .venv/bin/python bench/bench_training.py [--steps 8] [--threads 2] [--json out.json]``
-The machine is shared: the load average is printed with the figures.
+The machine is shared: the load average is printed with the figures, and each measurement also in windows per
+CPU-second of this process (``time.process_time``, all its threads: with one thread, the rate one core gives
+undisturbed by other processes; with N threads, per core-second).
 """
 
 from __future__ import annotations
@@ -64,9 +66,10 @@ def main() -> None:
     dm = ForecastDataModule(series, [], norm, cfg)
     per_batch = cfg.batch_size * (cfg.seq_len - cfg.burn_in)
 
-    t = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    t, c = time.perf_counter(), time.process_time()
     batches = list(dm.train_dataloader())
-    data_s = time.perf_counter() - t
+    data_s, data_cpu_s = time.perf_counter() - t, time.process_time() - c
 
     module = ForecastModule.create(
         NetConfig(n_inputs=DEFAULT_SCHEMA.n_inputs), OptimConfig(burn_in=cfg.burn_in, has_val=False)
@@ -76,16 +79,17 @@ def main() -> None:
     def step(batch: dict[str, torch.Tensor]) -> None:
         loss = module._losses(batch)["loss"]
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         opt.step()
 
     step(batches[0])  # warm-up
-    per_step_s = []
+    per_step_s, per_step_cpu_s = [], []
     for b in batches:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         step(b)
         per_step_s.append(time.perf_counter() - t)
+        per_step_cpu_s.append(time.process_time() - c)
     step_s = float(np.sum(per_step_s))
 
     module = ForecastModule.create(
@@ -102,9 +106,9 @@ def main() -> None:
         gradient_clip_val=1.0,
         deterministic=True,
     )
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     trainer.fit(module, datamodule=dm)
-    lightning_s = time.perf_counter() - t
+    lightning_s, lightning_cpu_s = time.perf_counter() - t, time.process_time() - c
 
     n = len(batches) * per_batch
     result = {
@@ -121,6 +125,11 @@ def main() -> None:
         "step_windows_per_s": n / step_s,
         "step_windows_per_s_median_step": per_batch / float(np.median(per_step_s)),
         "lightning_windows_per_s": n / lightning_s,
+        "data_windows_per_cpu_s": n / data_cpu_s,
+        "step_windows_per_cpu_s": n / float(np.sum(per_step_cpu_s)),
+        "step_windows_per_cpu_s_median_step": per_batch / float(np.median(per_step_cpu_s)),
+        "lightning_windows_per_cpu_s": n / lightning_cpu_s,
+        "loadavg_1m_before": load_before,
         "loadavg_1m": os.getloadavg()[0],
         "cpus": os.cpu_count(),
     }

@@ -69,6 +69,8 @@ on the instance that completes the request, tokens on the instance that produced
 counts the prompt and the token it samples: fleet generation tokens = output tokens + one per KV handoff),
 ``pdscale:router_requests_total`` on each instance a request is routed to (entry and, when disaggregated,
 decode), ``pdscale:router_prompt_tokens_total`` (the prompt tokens of those requests) on entry instances only.
+On the entry role these router counters count each request once: one routed again after its instance failed
+(or failed during its admission delay) is the same offered load and is not counted again.
 """
 
 from __future__ import annotations
@@ -414,10 +416,10 @@ class Simulator:
             stage=role,
         )
         inst = ready[pool.router.choose(request, ready)] if len(ready) > 1 else ready[0]
-        self._count_routed(pool, inst, role, rid)
-        if admit and self._start_admission(pool, inst, rid):
+        routed = self._count_routed(pool, inst, role, rid)
+        if admit and self._start_admission(pool, inst, rid, routed=routed):
             return
-        self._enqueue(inst, rid)
+        self._enqueue(inst, rid, routed=routed)
 
     def _park_unadmitted(self, pool: _Pool, rid: int, admit: bool) -> None:
         """``rid`` (an arrival when ``admit``) is parked before reaching an instance: remember that it still
@@ -425,9 +427,10 @@ class Simulator:
         if admit and pool.admission_delay_ms is not None:
             self._unadmitted.add(rid)
 
-    def _start_admission(self, pool: _Pool, inst: Instance, rid: int) -> bool:
+    def _start_admission(self, pool: _Pool, inst: Instance, rid: int, *, routed: bool) -> bool:
         """Send arrival ``rid`` to ``inst`` through the admission delay; False when the delay is 0 (the
-        caller queues it at once)."""
+        caller queues it at once). ``routed``: count it on ``inst``'s router request counter now, with its
+        prompt tokens (it may be routed again if ``inst`` fails meanwhile; ``_on_admit`` never counts it)."""
         self._unadmitted.discard(rid)
         if pool.admission_delay_ms is None:
             return False
@@ -440,16 +443,27 @@ class Simulator:
             return False
         inst.load += 1  # on its way in: the router sees it
         inst.admitting += 1  # and the gateway counts it against the instance's room
+        if routed:
+            inst.router_requests_total += 1
         self._push(self.now_s + delay_ms / 1000.0, _EV_ADMIT, rid, inst.index)
         return True
 
-    def _count_routed(self, pool: _Pool, inst: Instance, role: str, rid: int) -> None:
-        if role == pool.entry_role:
-            inst.router_prompt_tokens_total += int(self.req.prompt[rid])
-        if role == pool.entry_role and self.output_predictor is not None:
-            predicted = self.req.predicted[rid]
+    def _count_routed(self, pool: _Pool, inst: Instance, role: str, rid: int) -> bool:
+        """Count ``rid`` routed to ``inst`` on the router's prompt and predicted-output counters; whether its
+        router request counter should count it too. False for the entry role when the request was counted
+        there before (routed again after its instance failed: the same offered load, counted once)."""
+        if role != pool.entry_role:
+            return True
+        req = self.req
+        if req.entry_counted[rid]:
+            return False
+        req.entry_counted[rid] = True
+        inst.router_prompt_tokens_total += int(req.prompt[rid])
+        if self.output_predictor is not None:
+            predicted = req.predicted[rid]
             if not math.isnan(predicted):
                 inst.predicted_output_tokens_total += predicted
+        return True
 
     # -- the gateway queue (GatewayPolicy) -----------------------------------------------------------------
     # Invariant: a role's gateway queue holds requests only while no active instance of the role has room
@@ -465,8 +479,8 @@ class Simulator:
             # arrival count the controller reads: counted at dispatch it would be capped by the fleet's
             # capacity exactly when the fleet is short); kept on an active instance of the role.
             first = ready[0]
-            first.router_requests_total += 1
-            self._count_routed(pool, first, role, rid)
+            if self._count_routed(pool, first, role, rid):
+                first.router_requests_total += 1
             self._gw_counted.add(rid)
         if len(gq) > pool.gateway_peak[role]:
             pool.gateway_peak[role] = len(gq)
@@ -512,16 +526,20 @@ class Simulator:
             elif len(inst.waiting) + inst.admitting >= w:
                 break
             rid = gq.pop()
-            counted = rid in self._gw_counted
-            if not counted:  # held while no instance of its role was active: counted where it goes
-                self._count_routed(pool, inst, inst.role, rid)
+            if rid in self._gw_counted:
+                self._gw_counted.discard(rid)
+                routed = False
+            else:  # held while no instance of its role was active: counted where it goes, as the router queue
+                routed = self._count_routed(pool, inst, inst.role, rid)
             self.req.where[rid] = inst.index
             n += 1
-            if self._unadmitted and rid in self._unadmitted and self._start_admission(pool, inst, rid):
+            if (
+                self._unadmitted
+                and rid in self._unadmitted
+                and self._start_admission(pool, inst, rid, routed=routed)
+            ):
                 continue  # held on arrival: it pays the admission delay here first (module doc; _on_admit)
-            if counted:
-                self._gw_counted.discard(rid)
-            moved = inst.enqueue(rid, self.req.priority[rid], self.now_s, routed=not counted) or moved
+            moved = inst.enqueue(rid, self.req.priority[rid], self.now_s, routed=routed) or moved
         if moved and replan:
             inst.version += 1
             self._push(inst.seg_end_s, _EV_SEGMENT, inst.index, inst.version)
@@ -546,11 +564,8 @@ class Simulator:
         if inst.state != "failed":
             inst.load -= 1
             inst.admitting -= 1
-        counted = rid in self._gw_counted  # pulled from the gateway, counted there on arrival
-        if counted:
-            self._gw_counted.discard(rid)
         if inst.state in ("active", "draining"):
-            self._enqueue(inst, rid, routed=not counted)
+            self._enqueue(inst, rid, routed=False)  # counted when it was routed here
         else:
             pool = self.pools[self.req.pool_of[rid]]
             self._route(pool, pool.entry_role, rid)

@@ -146,6 +146,9 @@ class RequestTable:
         self.join_seq: list[int] = [0] * n  # which joining that was (tells stale finish-heap entries apart)
         self.pool_of: list[int] = self.pool.tolist()
         self.prompt_counted: list[bool] = [False] * n
+        # the entry role's router counters (requests, prompt and predicted output tokens) have counted it: a
+        # request routed again after its instance failed is the same offered load, counted once
+        self.entry_counted: list[bool] = [False] * n
         # index of the prefill instance still holding the request's KV until a decode instance admits it
         # (-1: none); see Instance.held
         self.kv_src: list[int] = [-1] * n
