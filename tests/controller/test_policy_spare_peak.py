@@ -186,3 +186,58 @@ def test_decide_standby_does_not_flap_with_the_spare() -> None:
     assert flips["tick"] > 0
     assert flips["window"] == 0
     assert rows["window"].max() <= rows["tick"].max()
+
+
+def test_churn_probe_tallies_gpu_seconds_by_state_and_counts_cancelled_cold_starts() -> None:
+    """bench_policies' probe: GPU-seconds per (role, lifecycle state) between ticks, active split by whether
+    the instance held a request, and cold starts released before they were ever seen ready."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+    from typing import Any
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_policies.py"
+    spec = importlib.util.spec_from_file_location("bench_policies_probe_test", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+
+    def inst(index: int, role: str, state: str, empty: bool = True, t_alloc_s: float = 0.0) -> Any:
+        return SimpleNamespace(
+            index=index, role=role, state=state, empty=empty, gpus=2, t_alloc_s=t_alloc_s,
+            t_release_s=math.nan, router_requests_total=0,
+        )  # fmt: skip
+
+    class Sim:
+        def __init__(self) -> None:
+            self.instances = [
+                inst(0, "prefill", "active", empty=False),
+                inst(1, "prefill", "active"),
+                inst(2, "decode", "provisioning", t_alloc_s=5.0),
+            ]
+
+        def scrape(self) -> None:
+            return None
+
+    class Inner:
+        name = "stub"
+
+        def reset(self, fleet: Any, traces: Any) -> None:
+            return None
+
+        def on_tick(self, now_s: float, view: Any) -> list[Any]:
+            return []
+
+    sim = Sim()
+    probe = bench.ChurnProbe(Inner())
+    view = SimpleNamespace(scrape=sim.scrape)
+    probe.on_tick(10.0, view)
+    probe.on_tick(13.0, view)  # 3 s of the states seen at t = 13
+    sim.instances[2].state, sim.instances[2].t_release_s = "gone", 14.0  # released while provisioning
+    probe.on_tick(14.0, view)
+    assert probe.by_state[("prefill", "active")] == pytest.approx(2 * 4.0)
+    assert probe.by_state[("prefill", "active idle")] == pytest.approx(2 * 4.0)
+    assert probe.by_state[("decode", "provisioning")] == pytest.approx(2 * 3.0)
+    assert probe.cancelled() == {"decode": 1}
