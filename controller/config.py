@@ -28,7 +28,7 @@ class PolicyConfig(BaseModel):
     "Scaling policies side by side"); setting them to 'flat', 0, 0, 'off', ``queue_persist_s=3600``, 0,
     'off', False and True gives the seed's policy back. ``burst_reserve_level='tick'``,
     ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back;
-    ``burst_peak_headroom='both'`` and ``standby_spare_settle='tick'`` give session 4's."""
+    ``burst_peak_headroom='both'`` gives session 4's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -65,13 +65,15 @@ class PolicyConfig(BaseModel):
         ),
     )
     standby_spare_settle: Literal["tick", "window"] = Field(
-        "window",
+        "tick",
         description=(
             "with standby_counts_spare, the spare active replicas (final - wanted) counted against standby:"
             " 'tick' = this tick's; 'window' = the most seen over max(scale_down_delay_s, provision_lead_s). The"
             " spare follows the per-second wanted target under a held active target, and a standby dropped for"
             " a tick and asked for again is a cold start cancelled and restarted (Mooncake, session 4: 35 decode"
-            " cold starts cancelled before ready). Measured: -0.2 to -1.7 % GPU-s on six workloads, no SLO lost"
+            " cold starts cancelled before ready; 'window': 6). Measured with 'window': -0.2 to -5.9 % GPU-s on"
+            " 15 of 16 workloads at the same SLO, but -0.11 SLO points on the 1200-s sinusoid (the start-up"
+            " spare settled kept the decode standby away through its first rise): off by default"
             " (docs/BENCHMARKS.md, 'Cost toward the oracle, session 5')"
         ),
     )
@@ -105,7 +107,8 @@ class PolicyConfig(BaseModel):
             " ITL SLO's per-sequence rate, which the measured running sequences stay at 0.13-0.26 x of on every"
             " bundled trace, so headroom on its observed peak is margin on a margin; prefill's peak is a 5-s"
             " block mean, and on the Azure code trace its sub-block spikes need the headroom ('none': code 99.51"
-            " -> 98.15 % SLO). 'both' = session 4's rule"
+            " -> 98.15 % SLO). 'both' = session 4's rule. Measured: -0.4 % GPU-s over 16 workloads at the same SLO"
+            " (docs/BENCHMARKS.md, 'Cost toward the oracle, session 5')"
         ),
     )
     burst_peak_quantile: float | None = Field(
