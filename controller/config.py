@@ -72,8 +72,8 @@ class PolicyConfig(BaseModel):
             " spare follows the per-second wanted target under a held active target, and a standby dropped for"
             " a tick and asked for again is a cold start cancelled and restarted (Mooncake, session 4: 35 decode"
             " cold starts cancelled before ready; 'window': 6). Measured with 'window': -0.2 to -5.9 % GPU-s on"
-            " 15 of 16 workloads at the same SLO, but -0.11 SLO points on the 1200-s sinusoid (the start-up"
-            " spare settled kept the decode standby away through its first rise): off by default"
+            " 15 of 16 workloads at the same SLO, but -0.11 SLO points on the 1200-s sinusoid (its first rise;"
+            " not explained): off by default"
             " (docs/BENCHMARKS.md, 'Cost toward the oracle, session 5')"
         ),
     )
