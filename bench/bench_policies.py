@@ -62,6 +62,7 @@ from controller.policy import ScalingPlan
 from controller.replay_policies import PredictivePolicy, oracle_needs
 from forecaster.baselines import Holt
 from forecaster.types import Forecaster
+from serving.sim.engine import HOLDS_GPU
 from serving.sim.fleet import FleetSpec, single_pool
 from serving.sim.hardware import get_profile
 from serving.sim.replay import PolicyOptions, ReplayPolicy, make_policy, replay
@@ -410,14 +411,44 @@ class ChurnProbe:
         self.inner = inner
         self.name = inner.name
         self.sim: Any = None
+        self.by_state: dict[tuple[str, str], float] = {}  # (role, state) -> GPU-seconds, sampled per tick
+        self.seen: dict[int, set[str]] = {}  # instance index -> the lifecycle states it was seen in
+        self._last_s = math.nan
 
     def reset(self, fleet: FleetSpec, traces: Any) -> None:
         self.inner.reset(fleet, traces)
+        self.sim, self.by_state, self.seen, self._last_s = None, {}, {}, math.nan
 
     def on_tick(self, now_s: float, view: Any) -> Any:
         if self.sim is None:
             self.sim = getattr(view.scrape, "__self__", None)
+        self._tally(now_s)
         return self.inner.on_tick(now_s, view)
+
+    def _tally(self, now_s: float) -> None:
+        """Add the GPU-seconds since the last tick to each (role, lifecycle state), as held at that tick
+        (active instances split by whether they held a request: 'active' or 'active idle')."""
+        if self.sim is not None and math.isfinite(self._last_s):
+            dt = now_s - self._last_s
+            for i in self.sim.instances:
+                self.seen.setdefault(i.index, set()).add(i.state)
+                if i.state in HOLDS_GPU:
+                    state = "active idle" if i.state == "active" and i.empty else i.state
+                    key = (i.role, state)
+                    self.by_state[key] = self.by_state.get(key, 0.0) + i.gpus * dt
+        self._last_s = now_s
+
+    def cancelled(self) -> dict[str, int]:
+        """Per role, cold starts released before they were ever seen ready (active or standby): started and
+        cancelled, GPU-seconds for nothing."""
+        if self.sim is None:
+            return {}
+        out: dict[str, int] = {}
+        for i in self.sim.instances:
+            states = self.seen.get(i.index, set())
+            if i.t_alloc_s > 0 and math.isfinite(i.t_release_s) and not states & {"active", "standby"}:
+                out[i.role] = out.get(i.role, 0) + 1
+        return out
 
     def cold_starts(self, few: int) -> tuple[int, int, int]:
         """(cold starts, those released having served no request, those released having served < few)."""
@@ -463,11 +494,19 @@ def print_decomposition(
     print(f"| oracle (need held one cold start) | {o_p * gpus:,.0f} | {o_d * gpus:,.0f} |")
     print(f"measured decode running / Little's law (time-weighted): {d['running_over_little']:.2f}")
     if probe is not None:
+        states = sorted({s for _, s in probe.by_state}, key=lambda s: (s not in HOLDS_GPU, s))
+        cells = [
+            f"{s} {probe.by_state.get(('prefill', s), 0.0):,.0f} / {probe.by_state.get(('decode', s), 0.0):,.0f}"
+            for s in states
+        ]
+        print(f"GPU-s by lifecycle state, prefill / decode (sampled per tick): {'; '.join(cells)}")
         n, zero, few = probe.cold_starts(CHURN_FEW)
         print(
             f"cold starts: {n}; released having served no request: {zero}, fewer than {CHURN_FEW}: {few}"
             " (started for a burst that was over before they served)"
         )
+        gone = probe.cancelled()
+        print(f"cancelled before ready, prefill / decode: {gone.get('prefill', 0)} / {gone.get('decode', 0)}")
 
 
 def main() -> None:

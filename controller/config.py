@@ -27,7 +27,8 @@ class PolicyConfig(BaseModel):
     ship defaults chosen by the side-by-side replays of ``bench/bench_policies.py`` (docs/BENCHMARKS.md,
     "Scaling policies side by side"); setting them to 'flat', 0, 0, 'off', ``queue_persist_s=3600``, 0,
     'off', False and True gives the seed's policy back. ``burst_reserve_level='tick'``,
-    ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back."""
+    ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back;
+    ``burst_peak_headroom='both'`` gives session 4's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -63,6 +64,19 @@ class PolicyConfig(BaseModel):
             " without a cold start. False: standby on top of the held active replicas (session 2's rule)"
         ),
     )
+    standby_spare_settle: Literal["tick", "window"] = Field(
+        "tick",
+        description=(
+            "with standby_counts_spare, the spare active replicas (final - wanted) counted against standby:"
+            " 'tick' = this tick's; 'window' = the most seen over max(scale_down_delay_s, provision_lead_s). The"
+            " spare follows the per-second wanted target under a held active target, and a standby dropped for"
+            " a tick and asked for again is a cold start cancelled and restarted (Mooncake, session 4: 35 decode"
+            " cold starts cancelled before ready; 'window': 6). Measured with 'window': -0.2 to -5.9 % GPU-s on"
+            " 15 of 16 workloads at the same SLO, but -0.11 SLO points on the 1200-s sinusoid (its first rise;"
+            " not explained): off by default"
+            " (docs/BENCHMARKS.md, 'Cost toward the oracle, session 5')"
+        ),
+    )
     burst_reserve: Literal["off", "standby", "active"] = Field(
         "active",
         description=(
@@ -83,6 +97,28 @@ class PolicyConfig(BaseModel):
             " same mean the rises were measured from; 'tick' = this tick's need (session 3's rule: per-second"
             " noise added to a rise already measured over the noise, and the scale-down window then held the"
             " top of it)"
+        ),
+    )
+    burst_peak_headroom: Literal["both", "prefill", "none"] = Field(
+        "prefill",
+        description=(
+            "the roles whose burst-reserve cap, the observed peak need, gets the headroom too; the others' cap"
+            " is the observed peak as it is. 'prefill' (shipped default): decode's need is Little's law at the"
+            " ITL SLO's per-sequence rate, which the measured running sequences stay at 0.13-0.26 x of on every"
+            " bundled trace, so headroom on its observed peak is margin on a margin; prefill's peak is a 5-s"
+            " block mean, and on the Azure code trace its sub-block spikes need the headroom ('none': code 99.51"
+            " -> 98.15 % SLO). 'both' = session 4's rule. Measured: -0.4 % GPU-s over 16 workloads at the same SLO"
+            " (docs/BENCHMARKS.md, 'Cost toward the oracle, session 5')"
+        ),
+    )
+    burst_peak_quantile: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "quantile of the observed cold-start-ahead peaks that caps the reserve (None: burst_quantile)."
+            " Measured with burst_peak_headroom='none': 0.97 and 0.99 do not bring the Azure code trace's SLO"
+            " back (98.17 %): its peaks are top-heavy, the same few bursts"
         ),
     )
     burst_quantile: float = Field(
@@ -221,6 +257,17 @@ class PolicyConfig(BaseModel):
     )
     scale_down_delay_s: float = Field(
         60.0, ge=0.0, le=86400.0, description="no scale-down until the target has been lower for this long"
+    )
+    scale_down_quantile: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "the scale-down window keeps this quantile of the targets wanted over the last scale_down_delay_s"
+            " (1 = their maximum, the shipped default); a burst hold's longer window keeps its maximum."
+            " Measured: 0.9 lost 2 SLO points on the Azure code trace and 1 on mmpp (their first bursts, which"
+            " the top of the per-second noise absorbed) for -1 to -2 % GPU-s"
+        ),
     )
     max_scale_down_per_min: float = Field(
         4.0,

@@ -132,13 +132,17 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             reasons.append(f"{role}: clamped {target} → {clamped} to [{lo}, {hi}]")
         final[role] = clamped
     if cfg.standby_counts_spare:
+        spares = {r: max(final[r] - wanted[r], 0) for r in ROLES}
+        if cfg.standby_spare_settle == "window":
+            spares, state = _settled_spare(spares, obs.now_s, cfg, state)
         for role in ROLES:
-            spare = final[role] - wanted[role]
+            spare = spares[role]
             if spare > 0 and standby_target[role] > 0:
                 kept = max(0, standby_target[role] - spare)
+                settled = " (the most over the settle window)" if cfg.standby_spare_settle == "window" else ""
                 reasons.append(
                     f"{role}: standby {standby_target[role]} → {kept}: {spare} active replica(s) held above the"
-                    " target already absorb a burst"
+                    f" target{settled} already absorb a burst"
                 )
                 standby_target[role] = kept
     state = replace(state, roles=roles)
@@ -175,6 +179,21 @@ def _standby_targets(
     if held != (target["prefill"], target["decode"]):
         reasons.append(f"standby held at {held[0]} prefill, {held[1]} decode for {hold_s:.0f} s")
     return {"prefill": held[0], "decode": held[1]}, replace(state, standby_recent=recent), reasons
+
+
+def _settled_spare(
+    spares: dict[str, int], now_s: float, cfg: PolicyConfig, state: PoolState
+) -> tuple[dict[str, int], PoolState]:
+    """The spare active replicas (final − wanted) per role, as the most seen over max(scale-down delay,
+    provision lead) (``stages.hold_standby``'s window). The spare follows the per-second wanted target under a
+    held active target, so the standby it leaves flips with it, and each flip back up is a cold start
+    cancelled at the next flip down; counted at its most over the window, the standby it leaves changes only
+    with a change that lasted. A rise of the sized standby itself (a rising load, no spare) is not delayed."""
+    window_s = max(cfg.scale_down_delay_s, cfg.provision_lead_s)
+    recent, held = stages.hold_standby(
+        state.spare_recent, now_s, (spares["prefill"], spares["decode"]), window_s
+    )
+    return {"prefill": held[0], "decode": held[1]}, replace(state, spare_recent=recent)
 
 
 def _with_count(plan: ScalingPlan, field: str, value: int, reason: str) -> ScalingPlan:

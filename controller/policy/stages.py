@@ -567,7 +567,7 @@ def hysteresis_stage(
                 reason = f"{role}: ramp-up limit {current} → {limit} (wanted {target})"
                 target = limit
     elif target < current:
-        held = max(w for _, w in recent)
+        held = window_hold(recent, now_s, cfg.scale_down_delay_s, cfg.scale_down_quantile)
         since_up = now_s - history.last_scale_up_s
         if not can_scale_down:
             target, reason = current, f"{role}: no scale-down on incomplete data"
@@ -591,6 +591,21 @@ def hysteresis_stage(
         recent_targets=(*kept, (now_s, wanted)),
     )
     return target, new_history, reason
+
+
+def window_hold(
+    recent: tuple[tuple[float, int], ...], now_s: float, delay_s: float, quantile: float = 1.0
+) -> int:
+    """The target the scale-down window keeps: the highest target of ``recent`` (the window, which a burst hold
+    may have lengthened) older than ``delay_s``, and the ``quantile`` of those within the last ``delay_s``
+    (the smallest target at least that fraction of them is at or below; 1 = their maximum). A one-tick
+    spike of the per-second target (one long prompt, Poisson noise) is then not held for a whole window,
+    while a target wanted for more than ``1 - quantile`` of the window is. A burst hold's longer window
+    keeps its maximum: it is there to keep the burst's peak."""
+    inner = sorted(w for t, w in recent if now_s - t < delay_s)
+    outer = [w for t, w in recent if now_s - t >= delay_s]
+    held = inner[max(math.ceil(quantile * len(inner) - 1e-9) - 1, 0)] if inner else 0
+    return max([held, *outer])
 
 
 def degrade_stage(
@@ -679,6 +694,7 @@ def burst_reserve(
     lead_s: float,
     quantile: float,
     headroom: float = 0.0,
+    peak_quantile: float | None = None,
 ) -> tuple[tuple[float, float], tuple[float, float]]:
     """The burst distribution observed so far, per role (prefill, decode), at ``quantile`` over every block
     remembered: (rise, peak) where, for each block k with need_k, peak_k = the most the load needed in the
@@ -709,7 +725,7 @@ def burst_reserve(
         if not ok.any():
             return nan2, nan2
         rises.append(float(np.quantile(np.maximum(peak[ok] - (1 + headroom) * v[ok], 0.0), quantile)))
-        peaks.append(float(np.quantile(peak[ok], quantile)))
+        peaks.append(float(np.quantile(peak[ok], quantile if peak_quantile is None else peak_quantile)))
     return (rises[0], rises[1]), (peaks[0], peaks[1])
 
 
@@ -727,6 +743,17 @@ def trailing_need(blocks: tuple[tuple[float, float, float, int], ...]) -> tuple[
     _, prev_p, prev_d, m = blocks[-2]
     rest = max(m - n, 0)
     return (n * p + rest * prev_p) / (n + rest), (n * d + rest * prev_d) / (n + rest)
+
+
+def reserve_target(
+    level: float, rise: float, peak: float, headroom: float, peak_headroom: bool = True
+) -> int:
+    """Instances the burst reserve keeps warm for one role: the load need's level plus the observed rise, with
+    headroom, capped by the observed peak (with headroom too when ``peak_headroom``; never below the level
+    with headroom)."""
+    h = 1 + headroom
+    cap = max(peak * (h if peak_headroom else 1.0), level * h)
+    return min(math.ceil(min((level + rise) * h, cap) - 1e-9), int(MAX_NEED))
 
 
 def burst_reserve_stage(
@@ -758,15 +785,14 @@ def burst_reserve_stage(
     level = trailing_need(blocks) if cfg.burst_reserve_level == "block" else now_need
     rise, peak = state.reserve
     if opened or (math.isnan(rise[0]) and len(blocks) >= 2):
-        rise, peak = burst_reserve(blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom)
+        rise, peak = burst_reserve(
+            blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom, cfg.burst_peak_quantile
+        )
     state = replace(state, need_blocks=blocks, reserve=(rise, peak))
     if not all(_known(x) for x in (*level, *rise, *peak)):
         return prefill, decode, (0, 0), state, ()
-    h = 1 + cfg.headroom
-    want = [
-        min(math.ceil(min(level[i] + rise[i], max(peak[i], level[i])) * h - 1e-9), int(MAX_NEED))
-        for i in (0, 1)
-    ]
+    peak_h = (cfg.burst_peak_headroom != "none", cfg.burst_peak_headroom == "both")
+    want = [reserve_target(level[i], rise[i], peak[i], cfg.headroom, peak_h[i]) for i in (0, 1)]
     reason = (
         f"burst reserve (q{cfg.burst_quantile:.2f} of {cfg.provision_lead_s:.0f}-s rises over {len(blocks)}"
         f" blocks): prefill +{rise[0]:.2f} (peak {peak[0]:.2f}) → {want[0]},"

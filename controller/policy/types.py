@@ -124,6 +124,8 @@ class PoolState:
     degrade_since_s: float = math.nan  # when degradation started (NaN = not degraded)
     calm_since_s: float = math.nan  # when demand fell back under max while degraded
     standby_recent: tuple[tuple[float, int, int], ...] = ()  # (time_s, prefill, decode) sized standby
+    # (time_s, prefill, decode) spare active replicas (final − wanted) over the settle window (decide)
+    spare_recent: tuple[tuple[float, int, int], ...] = ()
     # (block_start_s, prefill need, decode need, ticks): the mean instances the measured load needed in each
     # block of ``stages.NEED_BLOCK_S`` over the burst window (stages.burst_reserve reads it)
     need_blocks: tuple[tuple[float, float, float, int], ...] = ()

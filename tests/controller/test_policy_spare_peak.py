@@ -1,0 +1,243 @@
+"""Session 5 (W4) cost cuts: the burst reserve's cap from an observed peak quantile without the headroom, the
+scale-down window on a quantile of its targets, and a standby that does not flap with the spare active
+capacity. Tables on hand-built inputs, properties, and runs through ``decide``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from policy_fixtures import ctx, obs
+
+from controller.config import PolicyConfig
+from controller.policy import PoolState, decide, stages
+from controller.policy.decide import _settled_spare
+
+Recent = tuple[tuple[float, int], ...]
+
+
+@pytest.mark.parametrize(
+    ("label", "recent", "quantile", "held"),
+    [
+        ("empty window", (), 1.0, 0),
+        ("the maximum by default", ((1.0, 2), (2.0, 5), (3.0, 3)), 1.0, 5),
+        # 10 targets within the delay, one spike of 4: q0.9 = the 9th smallest = 2
+        (
+            "a one-tick spike is not held at q0.9",
+            tuple((float(t), 4 if t == 5 else 2) for t in range(10)),
+            0.9,
+            2,
+        ),
+        # two ticks of 4 in 10 (20 %) are more than 1 - 0.9: held
+        (
+            "a target wanted 20 % of the window is held at q0.9",
+            tuple((float(t), 4 if t < 2 else 2) for t in range(10)),
+            0.9,
+            4,
+        ),
+        # a burst hold's longer window (targets older than the delay) keeps its maximum
+        (
+            "the hold's older part keeps its maximum",
+            ((0.0, 7), *((float(t), 2) for t in range(50, 60))),
+            0.5,
+            7,
+        ),
+    ],
+)
+def test_window_hold_table(label: str, recent: Recent, quantile: float, held: int) -> None:
+    now = max((t for t, _ in recent), default=0.0) + 1.0
+    assert stages.window_hold(recent, now, 30.0, quantile) == held, label
+
+
+@given(
+    targets=st.lists(st.integers(0, 50), min_size=1, max_size=60),
+    q=st.floats(0.01, 1.0),
+)
+@settings(max_examples=200, deadline=None)
+def test_window_hold_is_a_target_between_min_and_max_and_monotone_in_q(targets: list[int], q: float) -> None:
+    recent = tuple((float(t), w) for t, w in enumerate(targets))
+    now = float(len(targets))
+    got = stages.window_hold(recent, now, 1e9, q)
+    assert got in targets
+    assert min(targets) <= got <= stages.window_hold(recent, now, 1e9, 1.0) == max(targets)
+    assert stages.window_hold(recent, now, 1e9, q / 2) <= got
+
+
+@pytest.mark.parametrize(
+    ("level", "rise", "peak", "with_h", "without_h"),
+    [
+        # mmpp after its first bursts: the observed peak binds; 3.77 * 1.3 = 4.9 -> 5 with, 4 without
+        (0.96, 3.04, 3.77, 5, 4),
+        # decode: 1.69 * 1.3 = 2.2 -> 3 with, 2 without
+        (0.79, 1.36, 1.69, 3, 2),
+        # a pool already above its usual peak: the level with headroom, either way
+        (4.0, 0.0, 3.0, 6, 6),
+        # the rise binds below the peak: no change (ceil(1.2 * 1.3) = 2)
+        (0.2, 1.0, 5.0, 2, 2),
+    ],
+)
+def test_reserve_target_table(level: float, rise: float, peak: float, with_h: int, without_h: int) -> None:
+    assert stages.reserve_target(level, rise, peak, 0.3, True) == with_h
+    assert stages.reserve_target(level, rise, peak, 0.3, False) == without_h
+
+
+@given(
+    level=st.floats(0.0, 100.0),
+    rise=st.floats(0.0, 100.0),
+    peak=st.floats(0.0, 100.0),
+    h=st.floats(0.0, 2.0),
+)
+@settings(max_examples=300, deadline=None)
+def test_reserve_without_peak_headroom_is_never_more_and_never_below_the_level(
+    level: float, rise: float, peak: float, h: float
+) -> None:
+    with_h = stages.reserve_target(level, rise, peak, h, True)
+    without_h = stages.reserve_target(level, rise, peak, h, False)
+    assert without_h <= with_h
+    assert without_h >= math.ceil(level * (1 + h) - 1e-9)
+    # the session-4 formula
+    assert with_h == math.ceil(min(level + rise, max(peak, level)) * (1 + h) - 1e-9)
+
+
+def _blocks(needs: list[float]) -> tuple[tuple[float, float, float, int], ...]:
+    return tuple((stages.NEED_BLOCK_S * k, x, x / 2, 5) for k, x in enumerate(needs))
+
+
+def test_peak_quantile_reads_the_tail_of_the_peaks() -> None:
+    # a burst every 10 blocks; its height grows with k: the peaks' q0.99 is above their q0.9
+    needs = [(1.0 + k / 10) * 5 if k % 10 == 9 else 1.0 for k in range(200)]
+    _, (p90, _) = stages.burst_reserve(_blocks(needs), 30.0, 0.9)
+    _, (same, _) = stages.burst_reserve(_blocks(needs), 30.0, 0.9, peak_quantile=None)
+    _, (p99, _) = stages.burst_reserve(_blocks(needs), 30.0, 0.9, peak_quantile=0.99)
+    assert same == p90 < p99 <= max(needs)
+
+
+@given(
+    needs=st.lists(st.floats(0.0, 50.0), min_size=3, max_size=80),
+    q=st.floats(0.0, 1.0),
+    q2=st.floats(0.0, 1.0),
+)
+@settings(max_examples=100, deadline=None)
+def test_peak_quantile_is_monotone_and_leaves_the_rise_alone(needs: list[float], q: float, q2: float) -> None:
+    lo, hi = sorted((q, q2))
+    (r_lo, _), (p_lo, _) = stages.burst_reserve(_blocks(needs), 20.0, 0.9, 0.3, peak_quantile=lo)
+    (r_hi, _), (p_hi, _) = stages.burst_reserve(_blocks(needs), 20.0, 0.9, 0.3, peak_quantile=hi)
+    assert p_lo <= p_hi + 1e-9
+    assert r_lo == r_hi
+
+
+def test_settled_spare_is_the_most_over_the_window() -> None:
+    """A spare of 1 every other tick (the flap) counts as 1 throughout, and as 0 only once no spare has been
+    seen for the whole window."""
+    cfg = PolicyConfig(standby_spare_settle="window")
+    window_s = max(cfg.scale_down_delay_s, cfg.provision_lead_s)
+    state = PoolState()
+    seen = []
+    plan = [0, 1] * 10 + [0] * int(window_s + 5)
+    for t, spare in enumerate(plan):
+        held, state = _settled_spare({"prefill": 0, "decode": spare}, float(t), cfg, state)
+        seen.append(held["decode"])
+    assert seen[1:20] == [1] * 19  # no flap once a spare was seen
+    assert all(x == 1 for x in seen[1 : 19 + int(window_s)])
+    assert seen[-1] == 0
+
+
+@given(
+    plan=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=40),
+)
+@settings(max_examples=100, deadline=None)
+def test_settled_spare_is_at_least_this_ticks(plan: list[tuple[int, int]]) -> None:
+    cfg = PolicyConfig(standby_spare_settle="window")
+    state = PoolState()
+    for t, (p, d) in enumerate(plan):
+        held, state = _settled_spare({"prefill": p, "decode": d}, float(t), cfg, state)
+        assert held["prefill"] >= p and held["decode"] >= d
+        assert held["prefill"] <= max(x for x, _ in plan) and held["decode"] <= max(y for _, y in plan)
+
+
+def test_decide_standby_does_not_flap_with_the_spare() -> None:
+    """Wanted decode flips by one each tick under a held active target: the spare flips with it, and tick by
+    tick the standby it leaves flips too (each rise a cold start); settled over the window it stays put."""
+    rows = {}
+    for settle in ("tick", "window"):
+        cfg = PolicyConfig(
+            standby_spare_settle=settle,
+            burst_reserve="off",
+            burst_hold="off",
+            short_burst_cap=False,
+            standby_decode=2,
+        )
+        state, out = PoolState(), []
+        for t in range(200):
+            rps = 30.0 if t < 20 else (12.0 if t % 2 else 16.0)
+            o = obs(
+                now_s=float(t), arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 200.0,
+                running_seqs=rps * 10.0, replicas={"prefill": 4, "decode": 6}, active={"prefill": 4, "decode": 6},
+                standby={"prefill": 0, "decode": 2},
+            )  # fmt: skip
+            plan, state = decide(ctx(o, cfg), state)
+            assert plan is not None
+            out.append(plan.standby_decode)
+        rows[settle] = np.asarray(out[60:])
+    flips = {k: int(np.count_nonzero(np.diff(v))) for k, v in rows.items()}
+    assert flips["tick"] > 0
+    assert flips["window"] == 0
+    assert rows["window"].max() <= rows["tick"].max()
+
+
+def test_churn_probe_tallies_gpu_seconds_by_state_and_counts_cancelled_cold_starts() -> None:
+    """bench_policies' probe: GPU-seconds per (role, lifecycle state) between ticks, active split by whether
+    the instance held a request, and cold starts released before they were ever seen ready."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+    from typing import Any
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_policies.py"
+    spec = importlib.util.spec_from_file_location("bench_policies_probe_test", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+
+    def inst(index: int, role: str, state: str, empty: bool = True, t_alloc_s: float = 0.0) -> Any:
+        return SimpleNamespace(
+            index=index, role=role, state=state, empty=empty, gpus=2, t_alloc_s=t_alloc_s,
+            t_release_s=math.nan, router_requests_total=0,
+        )  # fmt: skip
+
+    class Sim:
+        def __init__(self) -> None:
+            self.instances = [
+                inst(0, "prefill", "active", empty=False),
+                inst(1, "prefill", "active"),
+                inst(2, "decode", "provisioning", t_alloc_s=5.0),
+            ]
+
+        def scrape(self) -> None:
+            return None
+
+    class Inner:
+        name = "stub"
+
+        def reset(self, fleet: Any, traces: Any) -> None:
+            return None
+
+        def on_tick(self, now_s: float, view: Any) -> list[Any]:
+            return []
+
+    sim = Sim()
+    probe = bench.ChurnProbe(Inner())
+    view = SimpleNamespace(scrape=sim.scrape)
+    probe.on_tick(10.0, view)
+    probe.on_tick(13.0, view)  # 3 s of the states seen at t = 13
+    sim.instances[2].state, sim.instances[2].t_release_s = "gone", 14.0  # released while provisioning
+    probe.on_tick(14.0, view)
+    assert probe.by_state[("prefill", "active")] == pytest.approx(2 * 4.0)
+    assert probe.by_state[("prefill", "active idle")] == pytest.approx(2 * 4.0)
+    assert probe.by_state[("decode", "provisioning")] == pytest.approx(2 * 3.0)
+    assert probe.cancelled() == {"decode": 1}
