@@ -12,13 +12,21 @@ learned models run their full-sequence forward, equal to stepping — tests/trai
   ``azure_code_x4`` (4 jittered copies), ``burstgpt_2h_30rps`` (30 req/s; its first ``--long-slice-s``
   seconds), and the conv trace at ×0.1 and ×10 (``variants.thin`` / ``variants.superpose``). Each is scored
   from a third of its span (``--score-from +S``, as bench/bench_unseen.py does), like
-  ``train-forecaster evaluate FILE --score-from +S --checkpoint C``.
+  ``train-forecaster evaluate FILE --score-from +S --checkpoint C``;
+* long-prompt traffic, far from the training traces' token lengths: ``sine ISL~8k`` (bench/bench_policies.py's
+  ``sine`` workload: 1 <-> 24 req/s, prompts ~8,000 tokens, outputs ~1,000, 1,200 s) and ``mooncake ISL~15k``
+  (the bundled Mooncake FAST'25 trace), each scored from a third of its span.
 
 Baselines (last value, EWMA, Holt, seasonal-naive, ARIMA) are scored once per trace; ARIMA is skipped on
 traces longer than ``--arima-max-s`` (too slow on these cores; the table says where). Columns: mean rate,
 the best baseline and its next-5-s arrivals MAE, then each model's MAE and its ratio to the best baseline.
 A second table gives the p90 side (what the predictive policy sizes on): each model's pinball loss at 0.9
-and coverage, beside the baseline with the lowest pinball loss.
+and coverage, beside the baseline with the lowest pinball loss. A third gives the token channels (next-5-s
+prompt and generation tokens): each model's p50 MAE over the best baseline's and its p90 coverage.
+
+Summary lines: the geometric mean over the unseen rows (all but the two hold-outs) of arrivals MAE / best
+baseline, of prompt-token MAE / best baseline, and of both together (the selection score of docs/BENCHMARKS.md
+"A level-relative candidate for long prompts").
 """
 
 from __future__ import annotations
@@ -53,6 +61,22 @@ def _find(name: str) -> Path:
     raise SystemExit(f"trace {name} not found under {[str(d) for d in SEARCH]}")
 
 
+def long_prompt_traces() -> dict[str, Trace]:
+    """The long-prompt rows: bench_policies' ``sine`` workload and the bundled Mooncake trace."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_policies", ROOT / "bench" / "bench_policies.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit("bench/bench_policies.py not found (the sine workload comes from it)")
+    bp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bp)
+    sine, _ = bp.workload("sine", None, 600.0)
+    return {
+        "sine ISL~8k": sine,
+        "mooncake ISL~15k": read_trace(ROOT / "datasets" / "mooncake" / "synthetic_trace.jsonl"),
+    }
+
+
 def build_traces(work: Path, long_slice_s: float) -> dict[str, tuple[Trace, str]]:
     """name → (trace, score_from)."""
     import warnings
@@ -78,7 +102,14 @@ def build_traces(work: Path, long_slice_s: float) -> dict[str, tuple[Trace, str]
         ("azure_conv_x10", superpose(conv, 10, 1.0, 0)),
     ):
         out[label] = (t, f"+{int(t.duration_s // 3)}")
+    for label, t in long_prompt_traces().items():
+        out[label] = (t, f"+{int(t.duration_s // 3)}")
     return out
+
+
+def _geo(values: list[float]) -> float:
+    ok = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in ok) / len(ok)) if ok else float("nan")
 
 
 def main() -> None:
@@ -91,6 +122,9 @@ def main() -> None:
     ap.add_argument("--long-slice-s", type=float, default=2400.0, help="seconds of burstgpt_2h_30rps scored")
     ap.add_argument("--arima-max-s", type=float, default=2400.0, help="no ARIMA on traces longer than this")
     ap.add_argument("--json", type=Path, help="also write every figure as JSON here")
+    ap.add_argument(
+        "--rows", default="", help="comma-separated substrings: score only the rows whose name contains one"
+    )
     args = ap.parse_args()
 
     import torch
@@ -110,6 +144,11 @@ def main() -> None:
     if not models:
         raise SystemExit("no model to score: give --candidates NAME=PATH (and/or keep the shipped one)")
     traces = build_traces(args.work, args.long_slice_s)
+    if args.rows:
+        wanted = [w.strip() for w in args.rows.split(",") if w.strip()]
+        traces = {k: v for k, v in traces.items() if any(w in k for w in wanted)}
+        if not traces:
+            raise SystemExit(f"--rows {args.rows!r} matches no row")
     names = list(models)
     head = "| trace | req/s | score from | best baseline | MAE | " + " | ".join(
         f"{n} MAE | {n} / best" for n in names
@@ -121,6 +160,12 @@ def main() -> None:
         + " | ".join(f"{n} pinball p90 | {n} coverage" for n in names)
         + " |",
         "|" + "---|" * (4 + 2 * len(names)),
+    ]
+    tok_lines = [
+        "| trace | channel | best baseline | MAE | coverage p90 | "
+        + " | ".join(f"{n} MAE / best | {n} coverage" for n in names)
+        + " |",
+        "|" + "---|" * (5 + 2 * len(names)),
     ]
     for key, (trace, score_from) in traces.items():
         t0 = time.perf_counter()
@@ -142,7 +187,19 @@ def main() -> None:
             "best_baseline": best_name,
             "pinball_p90_baselines": {k: v.pinball_p90 for k, v in base.models.items()},
             "best_pinball_baseline": pin_name,
+            "tokens": {},
         }
+        tok_best: dict[str, tuple[str, float]] = {}
+        for ch in ("prompt_tokens", "gen_tokens"):
+            ch_scores = {k: v[ch] for k, v in base.token_models.items()}
+            bn = min(ch_scores, key=lambda k: ch_scores[k].mae)
+            tok_best[ch] = (bn, ch_scores[bn].mae)
+            row["tokens"][ch] = {
+                "baselines": {k: v.mae for k, v in ch_scores.items()},
+                "best_baseline": bn,
+                "best_coverage_p90": ch_scores[bn].coverage_p90,
+            }
+        tok_cells: dict[str, list[str]] = {"prompt_tokens": [], "gen_tokens": []}
         cells = []
         for name, lf in models.items():
             r = evaluate(trace, score_from=score_from, with_arima=False, learned=lf, offline=True)
@@ -155,6 +212,16 @@ def main() -> None:
                 "pinball_p90": pin,
                 "pinball_p90_ratio_best": pin / best_pin,
             }
+            for ch in ("prompt_tokens", "gen_tokens"):
+                sc = r.token_models["learned"][ch]
+                ratio = sc.mae / tok_best[ch][1] if tok_best[ch][1] > 0 else float("nan")
+                row[name][ch] = {
+                    "mae": sc.mae,
+                    "ratio_best_baseline": ratio,
+                    "coverage_p90": sc.coverage_p90,
+                    "pinball_p90": sc.pinball_p90,
+                }
+                tok_cells[ch].append(f"{ratio:.3f} | {sc.coverage_p90:.3f}")
             p90_cells.append(f"{pin:.2f} | {r.models['learned'].coverage_p90:.3f}")
             cells.append(f"{mae:.2f} | {mae / best:.3f}")
         doc[key] = row
@@ -167,11 +234,26 @@ def main() -> None:
             + " | ".join(p90_cells)
             + " |"
         )
+        for ch in ("prompt_tokens", "gen_tokens"):
+            bn, bm = tok_best[ch]
+            cov = row["tokens"][ch]["best_coverage_p90"]
+            tok_lines.append(
+                f"| {key} | {ch} | {bn} | {bm:,.0f} | {cov:.3f} | " + " | ".join(tok_cells[ch]) + " |"
+            )
         print(f"{key}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    geo = []
+    unseen_rows = [k for k in doc if "hold-out" not in k]
+    geo, geo_prompt, geo_both = [], [], []
     for name in names:
-        unseen = [doc[k][name]["ratio_best_baseline"] for k in doc if "hold-out" not in k]
-        geo.append(math.exp(sum(math.log(v) for v in unseen) / len(unseen)) if unseen else float("nan"))
+        arr = [doc[k][name]["ratio_best_baseline"] for k in unseen_rows]
+        prm = [doc[k][name]["prompt_tokens"]["ratio_best_baseline"] for k in unseen_rows]
+        geo.append(_geo(arr))
+        geo_prompt.append(_geo(prm))
+        geo_both.append(_geo(arr + prm))
+        doc.setdefault("_summary", {})[name] = {
+            "geo_arrivals_unseen": geo[-1],
+            "geo_prompt_tokens_unseen": geo_prompt[-1],
+            "geo_selection_score": geo_both[-1],
+        }
     lines.append(
         "| geometric mean of / best, unseen rows | | | | | " + " | ".join(f" | {g:.3f}" for g in geo) + " |"
     )
@@ -180,6 +262,16 @@ def main() -> None:
         "\np90 (what the predictive policy sizes on): pinball loss at 0.9 and coverage, next-5-s arrivals\n"
     )
     print("\n".join(p90_lines))
+    print("\ntoken channels, next-5-s totals: p50 MAE / best baseline's, and p90 coverage\n")
+    print("\n".join(tok_lines))
+    print("\n| geometric mean over unseen rows | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for label, vals in (
+        ("arrivals MAE / best", geo),
+        ("prompt-token MAE / best", geo_prompt),
+        ("both (selection score)", geo_both),
+    ):
+        print(f"| {label} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
