@@ -37,7 +37,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -45,6 +45,9 @@ sys.path.insert(0, str(ROOT))
 from serving.workload.readers import read_trace  # noqa: E402
 from serving.workload.trace import Trace  # noqa: E402
 from training.evaluate import default_checkpoint, evaluate  # noqa: E402
+
+if TYPE_CHECKING:
+    from forecaster.streaming import LearnedForecaster, SequenceForecast
 
 AZURE = {
     "code": "AzureLLMInferenceTrace_code.dev_before_1850.csv",
@@ -107,6 +110,36 @@ def build_traces(work: Path, long_slice_s: float) -> dict[str, tuple[Trace, str]
     return out
 
 
+class Ensemble:
+    """Mean of the members' quantile forecasts (and burst probabilities), for offline scoring only.
+
+    ``evaluate(..., offline=True)`` reads ``schema`` and calls ``predict_sequence``; the members must share
+    the feature schema and horizon. Streaming an ensemble costs one ``step`` per member per tick.
+    """
+
+    def __init__(self, members: list[LearnedForecaster]) -> None:
+        first = members[0]
+        for m in members[1:]:
+            if m.schema != first.schema or m.horizon_s != first.horizon_s:
+                raise SystemExit("--ensembles: members must share the feature schema and horizon")
+        self.members = members
+        self.schema = first.schema
+        self.horizon_s = first.horizon_s
+
+    def predict_sequence(self, x: Any, mask: Any, times_s: Any) -> SequenceForecast:
+        import dataclasses
+
+        import numpy as np
+
+        outs = [m.predict_sequence(x, mask, times_s) for m in self.members]
+        return dataclasses.replace(
+            outs[0],
+            totals=np.mean([o.totals for o in outs], axis=0),
+            burst_prob=np.mean([o.burst_prob for o in outs], axis=0),
+            model_version="+".join(o.model_version for o in outs),
+        )
+
+
 def _geo(values: list[float]) -> float:
     ok = [v for v in values if v > 0 and math.isfinite(v)]
     return math.exp(sum(math.log(v) for v in ok) / len(ok)) if ok else float("nan")
@@ -116,6 +149,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--candidates", nargs="*", default=[], help="NAME=PATH checkpoints beside the shipped one"
+    )
+    ap.add_argument(
+        "--ensembles",
+        nargs="*",
+        default=[],
+        help="NAME=A+B[+C]: the mean of the quantile forecasts of candidates A, B, ... (offline scoring)",
     )
     ap.add_argument("--no-shipped", action="store_true", help="leave the shipped checkpoint out")
     ap.add_argument("--work", type=Path, default=Path("/tmp/w4v"), help="where the variant files are written")
@@ -132,7 +171,7 @@ def main() -> None:
     from forecaster.streaming import LearnedForecaster
 
     torch.set_num_threads(1)
-    models: dict[str, LearnedForecaster] = {}
+    models: dict[str, LearnedForecaster | Ensemble] = {}
     ckpt = default_checkpoint()
     if ckpt is not None and not args.no_shipped:
         models["shipped"] = LearnedForecaster.load(ckpt)
@@ -141,6 +180,13 @@ def main() -> None:
         if not path:
             raise SystemExit(f"--candidates takes NAME=PATH, got {spec!r}")
         models[name] = LearnedForecaster.load(Path(path))
+    for spec in args.ensembles:
+        name, _, members = spec.partition("=")
+        parts = [m for m in members.split("+") if m]
+        bad = [m for m in parts if not isinstance(models.get(m), LearnedForecaster)]
+        if len(parts) < 2 or bad:
+            raise SystemExit(f"--ensembles {spec!r}: give NAME=A+B with A, B among --candidates (bad: {bad})")
+        models[name] = Ensemble([cast("LearnedForecaster", models[m]) for m in parts])
     if not models:
         raise SystemExit("no model to score: give --candidates NAME=PATH (and/or keep the shipped one)")
     traces = build_traces(args.work, args.long_slice_s)
@@ -202,7 +248,8 @@ def main() -> None:
         tok_cells: dict[str, list[str]] = {"prompt_tokens": [], "gen_tokens": []}
         cells = []
         for name, lf in models.items():
-            r = evaluate(trace, score_from=score_from, with_arima=False, learned=lf, offline=True)
+            learned = cast("LearnedForecaster", lf)  # an Ensemble offers what offline scoring reads
+            r = evaluate(trace, score_from=score_from, with_arima=False, learned=learned, offline=True)
             mae = r.models["learned"].mae
             pin = r.models["learned"].pinball_p90
             row[name] = {
