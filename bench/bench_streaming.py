@@ -38,6 +38,8 @@ from forecaster.features import (
     LevelState,
     Normalizer,
     encode_step,
+    encode_step_masked,
+    level_offsets,
 )
 from forecaster.network import LstmAttentionNet, burst_bce, pinball_loss
 from forecaster.streaming import LearnedForecaster
@@ -99,6 +101,36 @@ def bench_ticks(
         "naive_window_rerun": nv,
         "ratio_median": nv["median_ms"] / s["median_ms"],
     }
+
+
+def bench_encode(n: int, reps: int, schema: FeatureSchema, seed: int = 0) -> dict[str, Any]:
+    """The per-tick encoding of ``LearnedForecaster.step``, one pass (this tree) against two (until session 5).
+
+    Two passes = ``encode_step`` plus a second ``level_offsets`` and ``normalize_inputs`` for the observed mask,
+    which is what ``step`` did before it took the mask from the encoding. Interleaved, same inputs.
+    """
+    nz = Normalizer.identity(schema)
+    rng = np.random.default_rng(seed)
+    x = rng.gamma(2.0, 5.0, size=(n, len(CHANNELS)))
+    mask = rng.random(x.shape) > 0.05
+    lv = LevelState(n, schema).update(x, mask) if schema.level_relative else None
+    one: list[float] = []
+    two: list[float] = []
+    one_cpu: list[float] = []
+    two_cpu: list[float] = []
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        x_off = level_offsets(lv, schema, 5.0)[0] if lv is not None else None
+        encode_step_masked(x, mask, nz, T0_S, schema, levels=lv, x_offsets=x_off)
+        one.append(time.perf_counter() - t0)
+        one_cpu.append(time.thread_time() - c0)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        x_off = level_offsets(lv, schema, 5.0)[0] if lv is not None else None
+        encode_step(x, mask, nz, T0_S, schema, levels=lv)
+        nz.normalize_inputs(x, mask, x_off)
+        two.append(time.perf_counter() - t0)
+        two_cpu.append(time.thread_time() - c0)
+    return {"nodes": n, "one_pass": _stats(one, one_cpu), "two_passes": _stats(two, two_cpu)}
 
 
 def bench_training(batch: int, seq: int, steps: int, threads: int) -> dict[str, Any]:
@@ -170,6 +202,15 @@ def main() -> None:
             f"{n:>6} nodes: stream wall median {s['median_ms']:7.2f} ms (p10 {s['p10_ms']:7.2f}, "
             f"cpu {s['cpu_median_ms']:7.2f}) | naive 60-step re-run wall median {nv['median_ms']:8.1f} ms "
             f"(p10 {nv['p10_ms']:8.1f}, cpu {nv['cpu_median_ms']:8.1f}) | ratio {r['ratio_median']:.0f}x"
+        )
+    results["encode"] = []
+    for n in a.nodes:
+        e = bench_encode(n, 200 if n <= 2000 else 50, schema)
+        results["encode"].append(e)
+        o, t = e["one_pass"], e["two_passes"]
+        print(
+            f"{n:>6} nodes: encoding per tick, one pass {o['median_ms']:.3f} ms (cpu {o['cpu_median_ms']:.3f}) | "
+            f"two passes (before) {t['median_ms']:.3f} ms (cpu {t['cpu_median_ms']:.3f})"
         )
     if not a.no_train:
         results["training"] = []
