@@ -12,13 +12,21 @@ learned models run their full-sequence forward, equal to stepping — tests/trai
   ``azure_code_x4`` (4 jittered copies), ``burstgpt_2h_30rps`` (30 req/s; its first ``--long-slice-s``
   seconds), and the conv trace at ×0.1 and ×10 (``variants.thin`` / ``variants.superpose``). Each is scored
   from a third of its span (``--score-from +S``, as bench/bench_unseen.py does), like
-  ``train-forecaster evaluate FILE --score-from +S --checkpoint C``.
+  ``train-forecaster evaluate FILE --score-from +S --checkpoint C``;
+* long-prompt traffic, far from the training traces' token lengths: ``sine ISL~8k`` (bench/bench_policies.py's
+  ``sine`` workload: 1 <-> 24 req/s, prompts ~8,000 tokens, outputs ~1,000, 1,200 s) and ``mooncake ISL~15k``
+  (the bundled Mooncake FAST'25 trace), each scored from a third of its span.
 
 Baselines (last value, EWMA, Holt, seasonal-naive, ARIMA) are scored once per trace; ARIMA is skipped on
 traces longer than ``--arima-max-s`` (too slow on these cores; the table says where). Columns: mean rate,
 the best baseline and its next-5-s arrivals MAE, then each model's MAE and its ratio to the best baseline.
 A second table gives the p90 side (what the predictive policy sizes on): each model's pinball loss at 0.9
-and coverage, beside the baseline with the lowest pinball loss.
+and coverage, beside the baseline with the lowest pinball loss. A third gives the token channels (next-5-s
+prompt and generation tokens): each model's p50 MAE over the best baseline's and its p90 coverage.
+
+Summary lines: the geometric mean over the unseen rows (all but the two hold-outs) of arrivals MAE / best
+baseline, of prompt-token MAE / best baseline, and of both together (the selection score of docs/BENCHMARKS.md
+"A level-relative candidate for long prompts").
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,6 +45,9 @@ sys.path.insert(0, str(ROOT))
 from serving.workload.readers import read_trace  # noqa: E402
 from serving.workload.trace import Trace  # noqa: E402
 from training.evaluate import default_checkpoint, evaluate  # noqa: E402
+
+if TYPE_CHECKING:
+    from forecaster.streaming import LearnedForecaster, SequenceForecast
 
 AZURE = {
     "code": "AzureLLMInferenceTrace_code.dev_before_1850.csv",
@@ -51,6 +62,22 @@ def _find(name: str) -> Path:
         if (d / name).is_file():
             return d / name
     raise SystemExit(f"trace {name} not found under {[str(d) for d in SEARCH]}")
+
+
+def long_prompt_traces() -> dict[str, Trace]:
+    """The long-prompt rows: bench_policies' ``sine`` workload and the bundled Mooncake trace."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_policies", ROOT / "bench" / "bench_policies.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit("bench/bench_policies.py not found (the sine workload comes from it)")
+    bp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bp)
+    sine, _ = bp.workload("sine", None, 600.0)
+    return {
+        "sine ISL~8k": sine,
+        "mooncake ISL~15k": read_trace(ROOT / "datasets" / "mooncake" / "synthetic_trace.jsonl"),
+    }
 
 
 def build_traces(work: Path, long_slice_s: float) -> dict[str, tuple[Trace, str]]:
@@ -78,7 +105,44 @@ def build_traces(work: Path, long_slice_s: float) -> dict[str, tuple[Trace, str]
         ("azure_conv_x10", superpose(conv, 10, 1.0, 0)),
     ):
         out[label] = (t, f"+{int(t.duration_s // 3)}")
+    for label, t in long_prompt_traces().items():
+        out[label] = (t, f"+{int(t.duration_s // 3)}")
     return out
+
+
+class Ensemble:
+    """Mean of the members' quantile forecasts (and burst probabilities), for offline scoring only.
+
+    ``evaluate(..., offline=True)`` reads ``schema`` and calls ``predict_sequence``; the members must share
+    the feature schema and horizon. Streaming an ensemble costs one ``step`` per member per tick.
+    """
+
+    def __init__(self, members: list[LearnedForecaster]) -> None:
+        first = members[0]
+        for m in members[1:]:
+            if m.schema != first.schema or m.horizon_s != first.horizon_s:
+                raise SystemExit("--ensembles: members must share the feature schema and horizon")
+        self.members = members
+        self.schema = first.schema
+        self.horizon_s = first.horizon_s
+
+    def predict_sequence(self, x: Any, mask: Any, times_s: Any) -> SequenceForecast:
+        import dataclasses
+
+        import numpy as np
+
+        outs = [m.predict_sequence(x, mask, times_s) for m in self.members]
+        return dataclasses.replace(
+            outs[0],
+            totals=np.mean([o.totals for o in outs], axis=0),
+            burst_prob=np.mean([o.burst_prob for o in outs], axis=0),
+            model_version="+".join(o.model_version for o in outs),
+        )
+
+
+def _geo(values: list[float]) -> float:
+    ok = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in ok) / len(ok)) if ok else float("nan")
 
 
 def main() -> None:
@@ -86,11 +150,20 @@ def main() -> None:
     ap.add_argument(
         "--candidates", nargs="*", default=[], help="NAME=PATH checkpoints beside the shipped one"
     )
+    ap.add_argument(
+        "--ensembles",
+        nargs="*",
+        default=[],
+        help="NAME=A+B[+C]: the mean of the quantile forecasts of candidates A, B, ... (offline scoring)",
+    )
     ap.add_argument("--no-shipped", action="store_true", help="leave the shipped checkpoint out")
     ap.add_argument("--work", type=Path, default=Path("/tmp/w4v"), help="where the variant files are written")
     ap.add_argument("--long-slice-s", type=float, default=2400.0, help="seconds of burstgpt_2h_30rps scored")
     ap.add_argument("--arima-max-s", type=float, default=2400.0, help="no ARIMA on traces longer than this")
     ap.add_argument("--json", type=Path, help="also write every figure as JSON here")
+    ap.add_argument(
+        "--rows", default="", help="comma-separated substrings: score only the rows whose name contains one"
+    )
     args = ap.parse_args()
 
     import torch
@@ -98,7 +171,7 @@ def main() -> None:
     from forecaster.streaming import LearnedForecaster
 
     torch.set_num_threads(1)
-    models: dict[str, LearnedForecaster] = {}
+    models: dict[str, LearnedForecaster | Ensemble] = {}
     ckpt = default_checkpoint()
     if ckpt is not None and not args.no_shipped:
         models["shipped"] = LearnedForecaster.load(ckpt)
@@ -107,9 +180,21 @@ def main() -> None:
         if not path:
             raise SystemExit(f"--candidates takes NAME=PATH, got {spec!r}")
         models[name] = LearnedForecaster.load(Path(path))
+    for spec in args.ensembles:
+        name, _, members = spec.partition("=")
+        parts = [m for m in members.split("+") if m]
+        bad = [m for m in parts if not isinstance(models.get(m), LearnedForecaster)]
+        if len(parts) < 2 or bad:
+            raise SystemExit(f"--ensembles {spec!r}: give NAME=A+B with A, B among --candidates (bad: {bad})")
+        models[name] = Ensemble([cast("LearnedForecaster", models[m]) for m in parts])
     if not models:
         raise SystemExit("no model to score: give --candidates NAME=PATH (and/or keep the shipped one)")
     traces = build_traces(args.work, args.long_slice_s)
+    if args.rows:
+        wanted = [w.strip() for w in args.rows.split(",") if w.strip()]
+        traces = {k: v for k, v in traces.items() if any(w in k for w in wanted)}
+        if not traces:
+            raise SystemExit(f"--rows {args.rows!r} matches no row")
     names = list(models)
     head = "| trace | req/s | score from | best baseline | MAE | " + " | ".join(
         f"{n} MAE | {n} / best" for n in names
@@ -121,6 +206,12 @@ def main() -> None:
         + " | ".join(f"{n} pinball p90 | {n} coverage" for n in names)
         + " |",
         "|" + "---|" * (4 + 2 * len(names)),
+    ]
+    tok_lines = [
+        "| trace | channel | best baseline | MAE | coverage p90 | "
+        + " | ".join(f"{n} MAE / best | {n} coverage" for n in names)
+        + " |",
+        "|" + "---|" * (5 + 2 * len(names)),
     ]
     for key, (trace, score_from) in traces.items():
         t0 = time.perf_counter()
@@ -142,10 +233,23 @@ def main() -> None:
             "best_baseline": best_name,
             "pinball_p90_baselines": {k: v.pinball_p90 for k, v in base.models.items()},
             "best_pinball_baseline": pin_name,
+            "tokens": {},
         }
+        tok_best: dict[str, tuple[str, float]] = {}
+        for ch in ("prompt_tokens", "gen_tokens"):
+            ch_scores = {k: v[ch] for k, v in base.token_models.items()}
+            bn = min(ch_scores, key=lambda k: ch_scores[k].mae)
+            tok_best[ch] = (bn, ch_scores[bn].mae)
+            row["tokens"][ch] = {
+                "baselines": {k: v.mae for k, v in ch_scores.items()},
+                "best_baseline": bn,
+                "best_coverage_p90": ch_scores[bn].coverage_p90,
+            }
+        tok_cells: dict[str, list[str]] = {"prompt_tokens": [], "gen_tokens": []}
         cells = []
         for name, lf in models.items():
-            r = evaluate(trace, score_from=score_from, with_arima=False, learned=lf, offline=True)
+            learned = cast("LearnedForecaster", lf)  # an Ensemble offers what offline scoring reads
+            r = evaluate(trace, score_from=score_from, with_arima=False, learned=learned, offline=True)
             mae = r.models["learned"].mae
             pin = r.models["learned"].pinball_p90
             row[name] = {
@@ -155,6 +259,16 @@ def main() -> None:
                 "pinball_p90": pin,
                 "pinball_p90_ratio_best": pin / best_pin,
             }
+            for ch in ("prompt_tokens", "gen_tokens"):
+                sc = r.token_models["learned"][ch]
+                ratio = sc.mae / tok_best[ch][1] if tok_best[ch][1] > 0 else float("nan")
+                row[name][ch] = {
+                    "mae": sc.mae,
+                    "ratio_best_baseline": ratio,
+                    "coverage_p90": sc.coverage_p90,
+                    "pinball_p90": sc.pinball_p90,
+                }
+                tok_cells[ch].append(f"{ratio:.3f} | {sc.coverage_p90:.3f}")
             p90_cells.append(f"{pin:.2f} | {r.models['learned'].coverage_p90:.3f}")
             cells.append(f"{mae:.2f} | {mae / best:.3f}")
         doc[key] = row
@@ -167,11 +281,26 @@ def main() -> None:
             + " | ".join(p90_cells)
             + " |"
         )
+        for ch in ("prompt_tokens", "gen_tokens"):
+            bn, bm = tok_best[ch]
+            cov = row["tokens"][ch]["best_coverage_p90"]
+            tok_lines.append(
+                f"| {key} | {ch} | {bn} | {bm:,.0f} | {cov:.3f} | " + " | ".join(tok_cells[ch]) + " |"
+            )
         print(f"{key}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    geo = []
+    unseen_rows = [k for k in doc if "hold-out" not in k]
+    geo, geo_prompt, geo_both = [], [], []
     for name in names:
-        unseen = [doc[k][name]["ratio_best_baseline"] for k in doc if "hold-out" not in k]
-        geo.append(math.exp(sum(math.log(v) for v in unseen) / len(unseen)) if unseen else float("nan"))
+        arr = [doc[k][name]["ratio_best_baseline"] for k in unseen_rows]
+        prm = [doc[k][name]["prompt_tokens"]["ratio_best_baseline"] for k in unseen_rows]
+        geo.append(_geo(arr))
+        geo_prompt.append(_geo(prm))
+        geo_both.append(_geo(arr + prm))
+        doc.setdefault("_summary", {})[name] = {
+            "geo_arrivals_unseen": geo[-1],
+            "geo_prompt_tokens_unseen": geo_prompt[-1],
+            "geo_selection_score": geo_both[-1],
+        }
     lines.append(
         "| geometric mean of / best, unseen rows | | | | | " + " | ".join(f" | {g:.3f}" for g in geo) + " |"
     )
@@ -180,6 +309,16 @@ def main() -> None:
         "\np90 (what the predictive policy sizes on): pinball loss at 0.9 and coverage, next-5-s arrivals\n"
     )
     print("\n".join(p90_lines))
+    print("\ntoken channels, next-5-s totals: p50 MAE / best baseline's, and p90 coverage\n")
+    print("\n".join(tok_lines))
+    print("\n| geometric mean over unseen rows | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for label, vals in (
+        ("arrivals MAE / best", geo),
+        ("prompt-token MAE / best", geo_prompt),
+        ("both (selection score)", geo_both),
+    ):
+        print(f"| {label} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

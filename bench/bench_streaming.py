@@ -5,18 +5,22 @@ Usage::
     .venv/bin/python bench/bench_streaming.py                      # 1,000 and 10,000 nodes, 1 thread
     .venv/bin/python bench/bench_streaming.py --nodes 1000 --ticks 200 --json out/bench_streaming.json
     .venv/bin/python bench/bench_streaming.py --no-train           # skip the training-throughput figure
+    .venv/bin/python bench/bench_streaming.py --level-halflife-s 60 --no-train   # a level-relative (v3) model
 
 A tick is ``LearnedForecaster.step``: encode raw channels, one LSTM step + attention over the ring per node,
 decode to totals — batched across all nodes. The naive way re-runs the network's full forward over the last
 ``window`` encoded inputs of every node and keeps the last position. Both run side by side in one process,
 interleaved, on default hyper-parameters (hidden 64, 2 layers, 4 heads, window 60). Reported: median and
 10th percentile of wall time per tick, the median CPU time of the (single) computing thread (closest to the
-uncontended cost on a shared machine), and the ratio of wall medians.
+uncontended cost on a shared machine), and the ratio of wall medians. ``--level-halflife-s H`` benchmarks a
+level-relative model (feature schema v3, ``level_of="arrivals"``, as ``train-forecaster fit
+--level-halflife-s H --level-of arrivals`` makes): each tick also updates the per-node levels.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -27,7 +31,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from forecaster.features import DEFAULT_SCHEMA, Normalizer, encode_step
+from forecaster.features import (
+    DEFAULT_SCHEMA,
+    LEVEL_SCHEMA_VERSION,
+    FeatureSchema,
+    LevelState,
+    Normalizer,
+    encode_step,
+    encode_step_masked,
+    level_offsets,
+)
 from forecaster.network import LstmAttentionNet, burst_bce, pinball_loss
 from forecaster.streaming import LearnedForecaster
 from forecaster.types import CHANNELS
@@ -45,15 +58,18 @@ def _stats(wall_s: list[float], cpu_s: list[float]) -> dict[str, float]:
     }
 
 
-def bench_ticks(n: int, ticks: int, naive_every: int, seed: int = 0) -> dict[str, Any]:
+def bench_ticks(
+    n: int, ticks: int, naive_every: int, seed: int = 0, schema: FeatureSchema = DEFAULT_SCHEMA
+) -> dict[str, Any]:
     torch.manual_seed(seed)
-    net = LstmAttentionNet(DEFAULT_SCHEMA.n_inputs)
-    nz = Normalizer.identity()
-    f = LearnedForecaster(net, DEFAULT_SCHEMA, nz, 5.0, "bench")
+    net = LstmAttentionNet(schema.n_inputs)
+    nz = Normalizer.identity(schema)
+    f = LearnedForecaster(net, schema, nz, 5.0, "bench")
     f.reset([f"node-{i}" for i in range(n)])
     rng = np.random.default_rng(seed)
     w = net.window
-    history = np.zeros((n, w, DEFAULT_SCHEMA.n_inputs), dtype=np.float32)
+    history = np.zeros((n, w, schema.n_inputs), dtype=np.float32)
+    levels = LevelState(n, schema) if schema.level_relative else None
     stream: list[float] = []
     naive: list[float] = []
     stream_cpu: list[float] = []
@@ -65,7 +81,8 @@ def bench_ticks(n: int, ticks: int, naive_every: int, seed: int = 0) -> dict[str
         f.step(x, mask, T0_S + t)
         dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         history = np.roll(history, -1, axis=1)
-        history[:, -1] = encode_step(x, mask, nz, T0_S + t)
+        lv = levels.update(x, mask) if levels is not None else None
+        history[:, -1] = encode_step(x, mask, nz, T0_S + t, schema, levels=lv)
         if t < w + 5:
             continue  # warm-up: fill the ring and the history
         stream.append(dt)
@@ -84,6 +101,36 @@ def bench_ticks(n: int, ticks: int, naive_every: int, seed: int = 0) -> dict[str
         "naive_window_rerun": nv,
         "ratio_median": nv["median_ms"] / s["median_ms"],
     }
+
+
+def bench_encode(n: int, reps: int, schema: FeatureSchema, seed: int = 0) -> dict[str, Any]:
+    """The per-tick encoding of ``LearnedForecaster.step``, one pass (this tree) against two (until session 5).
+
+    Two passes = ``encode_step`` plus a second ``level_offsets`` and ``normalize_inputs`` for the observed mask,
+    which is what ``step`` did before it took the mask from the encoding. Interleaved, same inputs.
+    """
+    nz = Normalizer.identity(schema)
+    rng = np.random.default_rng(seed)
+    x = rng.gamma(2.0, 5.0, size=(n, len(CHANNELS)))
+    mask = rng.random(x.shape) > 0.05
+    lv = LevelState(n, schema).update(x, mask) if schema.level_relative else None
+    one: list[float] = []
+    two: list[float] = []
+    one_cpu: list[float] = []
+    two_cpu: list[float] = []
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        x_off = level_offsets(lv, schema, 5.0)[0] if lv is not None else None
+        encode_step_masked(x, mask, nz, T0_S, schema, levels=lv, x_offsets=x_off)
+        one.append(time.perf_counter() - t0)
+        one_cpu.append(time.thread_time() - c0)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        x_off = level_offsets(lv, schema, 5.0)[0] if lv is not None else None
+        encode_step(x, mask, nz, T0_S, schema, levels=lv)
+        nz.normalize_inputs(x, mask, x_off)
+        two.append(time.perf_counter() - t0)
+        two_cpu.append(time.thread_time() - c0)
+    return {"nodes": n, "one_pass": _stats(one, one_cpu), "two_passes": _stats(two, two_cpu)}
 
 
 def bench_training(batch: int, seq: int, steps: int, threads: int) -> dict[str, Any]:
@@ -128,22 +175,47 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads for the tick benchmark")
     p.add_argument("--no-train", action="store_true", help="skip the training-throughput measurement")
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    p.add_argument(
+        "--level-halflife-s",
+        type=float,
+        default=0.0,
+        help="benchmark a level-relative model (schema v3, levels of arrivals) with this half-life; 0 = v1",
+    )
     a = p.parse_args()
+    schema = DEFAULT_SCHEMA
+    if a.level_halflife_s > 0:
+        schema = dataclasses.replace(
+            DEFAULT_SCHEMA,
+            version=LEVEL_SCHEMA_VERSION,
+            level_halflife_s=a.level_halflife_s,
+            level_of="arrivals",
+        )
     torch.set_num_threads(a.threads)
     results: dict[str, Any] = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
         "loadavg_before": os.getloadavg(),
         "threads": a.threads,
+        "schema_version": schema.version,
+        "level_halflife_s": schema.level_halflife_s,
         "ticks": [],
     }
     for n in a.nodes:
-        r = bench_ticks(n, a.ticks if n <= 2000 else max(a.ticks // 4, 10), a.naive_every)
+        r = bench_ticks(n, a.ticks if n <= 2000 else max(a.ticks // 4, 10), a.naive_every, schema=schema)
         results["ticks"].append(r)
         s, nv = r["stream"], r["naive_window_rerun"]
         print(
             f"{n:>6} nodes: stream wall median {s['median_ms']:7.2f} ms (p10 {s['p10_ms']:7.2f}, "
             f"cpu {s['cpu_median_ms']:7.2f}) | naive 60-step re-run wall median {nv['median_ms']:8.1f} ms "
             f"(p10 {nv['p10_ms']:8.1f}, cpu {nv['cpu_median_ms']:8.1f}) | ratio {r['ratio_median']:.0f}x"
+        )
+    results["encode"] = []
+    for n in a.nodes:
+        e = bench_encode(n, 200 if n <= 2000 else 50, schema)
+        results["encode"].append(e)
+        o, t = e["one_pass"], e["two_passes"]
+        print(
+            f"{n:>6} nodes: encoding per tick, one pass {o['median_ms']:.3f} ms (cpu {o['cpu_median_ms']:.3f}) | "
+            f"two passes (before) {t['median_ms']:.3f} ms (cpu {t['cpu_median_ms']:.3f})"
         )
     if not a.no_train:
         results["training"] = []

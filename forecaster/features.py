@@ -724,6 +724,25 @@ def encode_inputs(
     With a level-relative schema, ``levels [..., K]`` (:func:`level_series` / :class:`LevelState`) set the
     rate channels' offsets and the last input; when None they are computed from ``x_raw`` as whole series.
     """
+    return encode_inputs_masked(x_raw, mask, normalizer, times_s, schema, descriptors, levels)[0]
+
+
+def encode_inputs_masked(
+    x_raw: np.ndarray,
+    mask: np.ndarray,
+    normalizer: Normalizer,
+    times_s: np.ndarray | float,
+    schema: FeatureSchema = DEFAULT_SCHEMA,
+    descriptors: np.ndarray | None = None,
+    levels: np.ndarray | None = None,
+    *,
+    x_offsets: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`encode_inputs` and the effective observed mask ``[..., C]`` it used (``normalize_inputs``'s).
+
+    ``x_offsets``: the input offsets of ``level_offsets(levels, ...)`` when the caller has them already
+    (level-relative schemas; they do not depend on the horizon), so they are not computed twice per tick.
+    """
     if normalizer.channels != schema.channels:
         raise FeatureError(f"normalizer channels {normalizer.channels} != schema channels {schema.channels}")
     x_raw = np.asarray(x_raw)
@@ -738,7 +757,14 @@ def encode_inputs(
             raise FeatureError(
                 f"levels {levels.shape} must be {(*x_raw.shape[:-1], len(schema.targets))} (one per target)"
             )
-        x_off, _ = level_offsets(levels, schema, 1.0)
+        if x_offsets is None:
+            x_off, _ = level_offsets(levels, schema, 1.0)
+        elif np.shape(x_offsets) != x_raw.shape:
+            raise FeatureError(f"x_offsets {np.shape(x_offsets)} must be {x_raw.shape} (one per channel)")
+        else:
+            x_off = np.asarray(x_offsets)
+    elif x_offsets is not None:
+        raise FeatureError("x_offsets given but the feature schema is not level-relative")
     z, ok = normalizer.normalize_inputs(x_raw, mask, x_off)
     tf = np.broadcast_to(time_features(times_s, schema), (*x_raw.shape[:-1], len(schema.time_features)))
     masks = ok[..., np.asarray(schema.masked, dtype=bool)]
@@ -754,7 +780,7 @@ def encode_inputs(
     if schema.level_relative and levels is not None:
         parts.append(level_feature(levels, schema))
     out: np.ndarray = np.concatenate(parts, axis=-1).astype(np.float32)
-    return out
+    return out, ok
 
 
 def encode_step(
@@ -772,13 +798,33 @@ def encode_step(
     With per-pool descriptors in the schema, pass ``descriptors [N, D]`` (from :class:`DescriptorState`);
     with a level-relative schema, ``levels [N, K]`` (from :class:`LevelState`).
     """
+    return encode_step_masked(x_raw, mask, normalizer, now_s, schema, descriptors, levels)[0]
+
+
+def encode_step_masked(
+    x_raw: np.ndarray,
+    mask: np.ndarray,
+    normalizer: Normalizer,
+    now_s: float,
+    schema: FeatureSchema = DEFAULT_SCHEMA,
+    descriptors: np.ndarray | None = None,
+    levels: np.ndarray | None = None,
+    *,
+    x_offsets: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`encode_step` and the effective observed mask ``[N, C]`` (one normalisation per tick).
+
+    ``x_offsets``: see :func:`encode_inputs_masked`.
+    """
     if schema.descriptors and descriptors is None:
         raise FeatureError(
             "encode_step: the schema has per-pool descriptors; pass DescriptorState.update(...)"
         )
     if schema.level_relative and levels is None:
         raise FeatureError("encode_step: the schema is level-relative; pass levels=LevelState.update(...)")
-    return encode_inputs(x_raw, mask, normalizer, now_s, schema, descriptors, levels)
+    return encode_inputs_masked(
+        x_raw, mask, normalizer, now_s, schema, descriptors, levels, x_offsets=x_offsets
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -34,8 +34,8 @@ from forecaster.features import (
     LevelState,
     Normalizer,
     descriptor_series,
-    encode_inputs,
-    encode_step,
+    encode_inputs_masked,
+    encode_step_masked,
     level_offsets,
     level_series,
 )
@@ -192,8 +192,10 @@ class LearnedForecaster:
         x_off, y_off = (
             level_offsets(levels, self.schema, self.horizon_s) if levels is not None else (None, None)
         )
-        z = encode_step(x, mask, self.normalizer, now_s, self.schema, desc, levels)
-        _, ok = self.normalizer.normalize_inputs(x, mask, x_off)  # what the encoding counted as observed
+        # one normalisation per tick: the encoding also returns what it counted as observed
+        z, ok = encode_step_masked(
+            x, mask, self.normalizer, now_s, self.schema, desc, levels, x_offsets=x_off
+        )
         self._since_obs = np.where(ok.any(axis=1), 0, self._since_obs + 1)
         out = self.step_encoded(torch.from_numpy(z))
         totals = self._decode(out, y_off)
@@ -241,10 +243,8 @@ class LearnedForecaster:
         x_off, y_off = (
             level_offsets(levels, self.schema, self.horizon_s) if levels is not None else (None, None)
         )
-        _, ok = self.normalizer.normalize_inputs(x, mask, x_off)
         steps = np.arange(t)
-        last_obs = np.maximum.accumulate(np.where(ok.any(axis=-1), steps, -(10**12)), axis=-1)
-        stale = steps - last_obs >= self.net.config.window  # [N, T]
+        stale = np.empty((n, t), dtype=bool)
         q = np.empty((n, t, self.net.n_targets, self.net.n_quantiles))
         logit = np.empty((n, t))
         with torch.inference_mode():
@@ -253,7 +253,12 @@ class LearnedForecaster:
                 m = np.asarray(mask)[lo:hi]
                 desc = descriptor_series(x[lo:hi], m, self.schema) if self.schema.descriptors else None
                 lv = levels[lo:hi] if levels is not None else None
-                z = encode_inputs(x[lo:hi], m, self.normalizer, times_s, self.schema, desc, lv)
+                xo = x_off[lo:hi] if x_off is not None else None
+                z, ok = encode_inputs_masked(
+                    x[lo:hi], m, self.normalizer, times_s, self.schema, desc, lv, x_offsets=xo
+                )
+                last_obs = np.maximum.accumulate(np.where(ok.any(axis=-1), steps, -(10**12)), axis=-1)
+                stale[lo:hi] = steps - last_obs >= self.net.config.window  # [n, T]
                 out = self.net(torch.from_numpy(z))
                 q[lo:hi], logit[lo:hi] = out.quantiles.numpy(), out.burst_logit.numpy()
         totals = decode_quantiles(q, self.normalizer, y_off)

@@ -204,6 +204,14 @@ def fit_cmd(
             help="Rate factors of the augmented copies, LOW,HIGH (log-uniform; thinning / superposition).",
         ),
     ] = "0.2,12",
+    token_range: Annotated[
+        str,
+        typer.Option(
+            "--token-range",
+            help="Prompt/output token-length factors of the augmented copies, LOW,HIGH (log-uniform, drawn "
+            "separately for prompts and outputs); e.g. 0.25,8 to cover prompts far longer than the traces'.",
+        ),
+    ] = "0.5,2",
     horizon_s: Annotated[
         int, typer.Option("--horizon-s", help="Forecast horizon: totals over the next N seconds.")
     ] = 5,
@@ -291,6 +299,9 @@ def fit_cmd(
     rates = _float_list(rate_range, "--rate-range")
     if len(rates) != 2 or not 0 < rates[0] <= rates[1]:
         raise typer.BadParameter(f"--rate-range {rate_range!r}: give LOW,HIGH with 0 < LOW <= HIGH")
+    tokens = _float_list(token_range, "--token-range")
+    if len(tokens) != 2 or not 0 < tokens[0] <= tokens[1]:
+        raise typer.BadParameter(f"--token-range {token_range!r}: give LOW,HIGH with 0 < LOW <= HIGH")
     if level_halflife_s < 0:
         raise typer.BadParameter(f"--level-halflife-s {level_halflife_s}: must be >= 0 seconds (0 = off)")
     if level_of not in LEVEL_SOURCES:
@@ -316,6 +327,7 @@ def fit_cmd(
     masking = MaskingConfig()
     augment = AugmentConfig(
         rate_range=(rates[0], rates[1]),
+        token_range=(tokens[0], tokens[1]),
         copies_per_source=copies,
         synthetic_traces=synthetic,
         synthetic_duration_s=synthetic_duration_s,

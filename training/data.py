@@ -93,7 +93,8 @@ class NodeSeries:
 
     ``x_raw``: raw channels ``[T, C]`` float32 in ``CHANNELS`` order (NaN = unknown). ``totals``: future
     totals ``[T, 3]`` over ``(t, t + horizon_s]`` (NaN = not scored). ``burst``: ``[T]`` 0/1 label (NaN =
-    not scored). ``t0_unix_s``: wall time of row 0 (time-of-day features), NaN when unknown.
+    not scored). ``t0_unix_s``: wall time of row 0 (time-of-day features), NaN when unknown. ``horizon_s``:
+    the horizon of ``totals`` (None when unknown; the data module checks it against the one it trains for).
     """
 
     name: str
@@ -101,6 +102,7 @@ class NodeSeries:
     totals: np.ndarray
     burst: np.ndarray
     t0_unix_s: float = float("nan")
+    horizon_s: float | None = None
 
     def __post_init__(self) -> None:
         n_t = self.x_raw.shape[0]
@@ -149,6 +151,7 @@ def node_series_from_values(
         totals=totals.astype(np.float32),
         burst=burst.astype(np.float32),
         t0_unix_s=t0_unix_s,
+        horizon_s=float(horizon_s),
     )
 
 

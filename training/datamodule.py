@@ -31,6 +31,43 @@ from training.augment import MaskingConfig, mask_channels
 from training.data import NodeSeries, cut_window, window_starts
 
 _DAY_S = 86_400.0
+DEFAULT_HORIZON_S = 5.0
+"""The horizon assumed for series that do not say theirs (``NodeSeries.horizon_s`` None) on absolute schemas."""
+
+
+def resolve_horizon(
+    series: Sequence[NodeSeries], horizon_s: float | None, schema: FeatureSchema, where: str
+) -> float:
+    """The horizon the targets of ``series`` were built for, checked against ``horizon_s`` when given.
+
+    Level-relative schemas decode each target with ``log1p(horizon_s * level)``: a horizon other than the
+    one the totals were summed over would silently mis-scale every target, so a mismatch (or a mix of
+    horizons) is an error naming the series; a level-relative schema with no known horizon is one too.
+    """
+    known = {float(s.horizon_s) for s in series if s.horizon_s is not None}
+    if len(known) > 1:
+        by = {h: next(s.name for s in series if s.horizon_s == h) for h in sorted(known)}
+        raise ValueError(
+            f"{where}: the series were built for different horizons: "
+            + ", ".join(f"{h:g} s (e.g. {n!r})" for h, n in by.items())
+        )
+    if horizon_s is not None and known and float(horizon_s) not in known:
+        (h,) = known
+        name = next(s.name for s in series if s.horizon_s is not None)
+        raise ValueError(
+            f"{where}: horizon_s={horizon_s:g} but the series' targets are totals over {h:g} s "
+            f"(e.g. {name!r}, built with LabelConfig.horizon_s={h:g}); pass horizon_s={h:g}"
+        )
+    if horizon_s is not None:
+        return float(horizon_s)
+    if known:
+        return known.pop()
+    if schema.level_relative:
+        raise ValueError(
+            f"{where}: a level-relative schema needs the targets' horizon, and no series says it "
+            "(NodeSeries.horizon_s is None): pass horizon_s"
+        )
+    return DEFAULT_HORIZON_S
 
 
 @dataclass(frozen=True)
@@ -67,7 +104,8 @@ class SequenceDataset(Dataset[dict[str, torch.Tensor]]):
 
     Item: ``x`` float32 ``[L, F_in]``, ``y`` float32 ``[L, K]`` normalised targets (NaN = not scored),
     ``burst`` float32 ``[L]`` (NaN = not scored). With ``masking``, item ``i`` of epoch ``e`` hides
-    channels drawn from ``rng(seed, e, i)``, so a run is reproducible.
+    channels drawn from ``rng(seed, e, i)``, so a run is reproducible. ``horizon_s``: the targets' horizon,
+    by default the series' own (``resolve_horizon``: a mismatch is an error).
     """
 
     def __init__(
@@ -82,10 +120,10 @@ class SequenceDataset(Dataset[dict[str, torch.Tensor]]):
         random_time_of_day: bool = False,
         seed: int = 0,
         epoch: int = 0,
-        horizon_s: float = 5.0,
+        horizon_s: float | None = None,
     ) -> None:
         self.series = list(series)
-        self.horizon_s = horizon_s
+        self.horizon_s = resolve_horizon(self.series, horizon_s, schema, "SequenceDataset")
         self.starts = np.asarray(starts, dtype=np.int64).reshape(-1, 2)
         self.seq_len = seq_len
         self.normalizer = normalizer
@@ -145,12 +183,13 @@ def random_starts(lengths: Sequence[int], seq_len: int, n: int, rng: np.random.G
 
 
 def fit_normalizer(
-    series: Sequence[NodeSeries], schema: FeatureSchema = DEFAULT_SCHEMA, *, horizon_s: float = 5.0
+    series: Sequence[NodeSeries], schema: FeatureSchema = DEFAULT_SCHEMA, *, horizon_s: float | None = None
 ) -> Normalizer:
     """Normalisation statistics of the given (training) series only (level-relative schemas: of the values
-    relative to each series' own trailing levels)."""
+    relative to each series' own trailing levels; ``horizon_s`` as in ``resolve_horizon``)."""
     if not series:
         raise ValueError("fit_normalizer: no training series")
+    horizon_s = resolve_horizon(series, horizon_s, schema, "fit_normalizer")
     x = np.concatenate([s.x_raw for s in series]).astype(np.float64)
     totals = np.concatenate([s.totals for s in series]).astype(np.float64)
     x_off = y_off = None
@@ -168,7 +207,8 @@ class ForecastDataModule(L.LightningDataModule):
     """Training and validation sequences for :class:`training.module.ForecastModule`.
 
     ``train`` and ``val`` are already split by time (see ``training.data.split_trace``); the normaliser
-    must have been fitted on ``train`` only (``fit_normalizer``).
+    must have been fitted on ``train`` only (``fit_normalizer``). ``horizon_s``: the targets' horizon, by
+    default the series' own; a mismatch is an error (``resolve_horizon``).
     """
 
     def __init__(
@@ -181,12 +221,12 @@ class ForecastDataModule(L.LightningDataModule):
         schema: FeatureSchema = DEFAULT_SCHEMA,
         masking: MaskingConfig | None = MaskingConfig(),
         num_workers: int = 0,
-        horizon_s: float = 5.0,
+        horizon_s: float | None = None,
     ) -> None:
         super().__init__()
-        self.horizon_s = horizon_s
         if not train:
             raise ValueError("ForecastDataModule: no training series")
+        self.horizon_s = resolve_horizon([*train, *val], horizon_s, schema, "ForecastDataModule")
         self.train_series = list(train)
         self.val_series = list(val)
         self.normalizer = normalizer

@@ -352,7 +352,7 @@ def fit_forecaster(
     trainer: TrainerConfig = TrainerConfig(),
     schema: FeatureSchema = DEFAULT_SCHEMA,
     masking: MaskingConfig | None = MaskingConfig(),
-    horizon_s: float = 5.0,
+    horizon_s: float | None = None,
     checkpoint_name: str = "forecaster.safetensors",
     log: Callable[[str], None] = print,
     resume: Path | None = None,
@@ -363,6 +363,9 @@ def fit_forecaster(
     checkpoints/last.ckpt`` after ``--max-minutes`` stopped it); training continues from its epoch with its
     optimiser, scheduler and early-stopping state. Epoch draws are seeded by epoch, so ``--epochs N`` in
     one sitting and the same run resumed up to N epochs train on the same data.
+
+    ``horizon_s``: the targets' horizon (stored in the checkpoint); by default the series' own
+    (``LabelConfig.horizon_s`` of ``build_series``); a different value is an error.
     """
     import lightning as L
     import torch
@@ -371,13 +374,14 @@ def fit_forecaster(
 
     from forecaster.checkpoint import save_checkpoint
     from forecaster.network import NetConfig
-    from training.datamodule import ForecastDataModule, fit_normalizer
+    from training.datamodule import ForecastDataModule, fit_normalizer, resolve_horizon
     from training.module import ForecastModule, OptimConfig
 
     started = time.perf_counter()
     if trainer.num_threads is not None:
         torch.set_num_threads(trainer.num_threads)
     L.seed_everything(window.seed, workers=True, verbose=False)
+    horizon_s = resolve_horizon([*series.train, *series.val], horizon_s, schema, "fit_forecaster")
     normalizer = fit_normalizer(series.train, schema, horizon_s=horizon_s)
     dm = ForecastDataModule(
         series.train, series.val, normalizer, window, schema=schema, masking=masking, horizon_s=horizon_s

@@ -45,7 +45,15 @@ def test_tiny_level_relative_fit_loads_and_evaluates(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "flags", [["--rate-range", "5,1"], ["--rate-range", "1"], ["--level-halflife-s", "-3"]]
+    "flags",
+    [
+        ["--rate-range", "5,1"],
+        ["--rate-range", "1"],
+        ["--level-halflife-s", "-3"],
+        ["--token-range", "8,0.25"],
+        ["--token-range", "0.25"],
+        ["--token-range", "0,4"],
+    ],
 )
 def test_bad_level_options_are_a_clear_error(flags: list[str], tmp_path: Path) -> None:
     result = runner.invoke(app, ["fit", "--synthetic", "1", "--out", str(tmp_path), *flags])
