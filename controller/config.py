@@ -27,7 +27,8 @@ class PolicyConfig(BaseModel):
     ship defaults chosen by the side-by-side replays of ``bench/bench_policies.py`` (docs/BENCHMARKS.md,
     "Scaling policies side by side"); setting them to 'flat', 0, 0, 'off', ``queue_persist_s=3600``, 0,
     'off', False and True gives the seed's policy back. ``burst_reserve_level='tick'``,
-    ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back."""
+    ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back;
+    ``prompt_forecast='tokens'`` and ``cold_start_persist_decode=False`` session 4's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -217,6 +218,42 @@ class PolicyConfig(BaseModel):
             " Standby promotion is not delayed, nor is decode (its overload shows as ITL, no queue lifts the"
             " wait); 0 = every tick's target starts capacity (session 3's rule). Measured: up to -6 % GPU-s on"
             " seven workloads at the same SLO (docs/BENCHMARKS.md)"
+        ),
+    )
+    cold_start_persist_decode: bool = Field(
+        True,
+        description=(
+            "apply cold_start_persist_s to decode too, while no ramp is projected (trend_factor): a decode"
+            " target that lasts less than that long starts no cold instance (a forecaster that reacts fast, e.g."
+            " the level-relative candidate, moves the decode target for a tick or two, and each such tick was a"
+            " cold start released unused). Measured with the shipped checkpoint, together with prompt_forecast"
+            " 'min': the same SLO on six workloads, 0-1 % fewer GPU-s (docs/BENCHMARKS.md, W7). False = session 4"
+        ),
+    )
+    little_arrivals: Literal["p90", "p50"] = Field(
+        "p90",
+        description=(
+            "the arrival forecast quantile decode's Little's-law concurrency is sized on (the headroom is on"
+            " top); p90 while the decode fleet is full"
+        ),
+    )
+    gen_forecast: Literal["tokens", "arrivals", "max", "min"] = Field(
+        "tokens",
+        description=(
+            "as prompt_forecast, for the generation load (arrival p90 × the mean output tokens). 'min' cuts"
+            " 1-8 % of GPU-s with a calibrated forecaster but costs the 600-s sinusoid 3 points of SLO with the"
+            " shipped one (its over-forecast generation sizes decode before the cold pool's decode fills); while"
+            " the decode fleet is full (stages.decode_saturated) 'min' reads as 'max' and little_arrivals as p90"
+        ),
+    )
+    prompt_forecast: Literal["tokens", "arrivals", "max", "min"] = Field(
+        "min",
+        description=(
+            "the forecast prompt load stage 1 sizes prefill on (the measured load stays a floor): 'tokens' ="
+            " the forecaster's prompt-token p90; 'arrivals' = its arrival p90 × the measured mean prompt tokens"
+            " per request (the token p90 while the mean is unknown); 'max' / 'min' = the larger / smaller of"
+            " the two. 'min' (default) keeps a token forecast's spike after one long prompt out of the target."
+            " 'tokens' = session 4"
         ),
     )
     scale_down_delay_s: float = Field(
