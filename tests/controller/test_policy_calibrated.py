@@ -130,7 +130,7 @@ def test_capacity_little_on_the_p50() -> None:
 
 def test_defaults() -> None:
     cfg = PolicyConfig()
-    assert (cfg.prompt_forecast, cfg.gen_forecast, cfg.little_arrivals) == ("min", "tokens", "p90")
+    assert (cfg.prompt_forecast, cfg.gen_forecast, cfg.little_arrivals) == ("tokens", "tokens", "p90")
     assert cfg.cold_start_persist_decode
 
 

@@ -193,9 +193,7 @@ def test_budget_cuts_standby_first_then_lowest_risk() -> None:
 def test_decide_composes_the_stages_and_explains() -> None:
     o = obs(forecast=forecast(prompt_tps=30_000, gen_tps=8_000, burst=0.9))
     # The seed's flat standby: 2 decode standby whatever the need (the uncertainty sizing has its own test).
-    # The token p90 as it is (prompt_forecast="tokens"; the default takes the lower arrivals × mean prompt).
-    cfg = PolicyConfig(ramp_up_s=0, standby_sizing="flat", prompt_forecast="tokens")
-    plan, state = decide(ctx(o, cfg), PoolState())
+    plan, state = decide(ctx(o, PolicyConfig(ramp_up_s=0, standby_sizing="flat")), PoolState())
     assert plan is not None
     # need 3.0 / 4.0 → headroom 30 % → 4 / 6 (buffer 200 seqs → 4) → standby promoted +2 decode → 8
     assert (plan.prefill, plan.decode, plan.standby_decode) == (4, 8, 2)
