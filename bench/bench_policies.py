@@ -22,7 +22,8 @@ does not know the future starts blind, and on a short trace the first burst alon
 
 The predictive policy runs with a pinned forecaster (``--forecaster holt``, the fallback the product ships
 until the learned checkpoint lands) so before/after rows compare policy logic, not forecasters; pass
-``--forecaster default`` for whatever ``controller.forecasting`` loads. ``--params k=v,...`` overrides
+``--forecaster default`` for whatever ``controller.forecasting`` loads, or ``--checkpoint [NAME=]PATH`` (repeatable)
+for one predictive row per learned checkpoint, labelled NAME (shipped vs candidate side by side in one run). ``--params k=v,...`` overrides
 ``PolicyConfig`` fields of the predictive policy (e.g. ``--params standby_decode=2,buffer_multiplier=2``).
 
 ``--decompose`` prints, after each predictive row, its GPU-seconds stage by stage and role by role (read back
@@ -220,9 +221,20 @@ def _parse_params(text: str) -> dict[str, Any]:
     return out
 
 
-def make(name: str, forecaster: str, params: dict[str, Any]) -> ReplayPolicy:
+def make(name: str, forecaster: str, params: dict[str, Any], checkpoint: Path | None = None) -> ReplayPolicy:
+    """A policy by name; the predictive one with the Holt baseline (``forecaster`` "holt"), the shipped
+    checkpoint ("default"), or the learned checkpoint at ``checkpoint`` (which wins over ``forecaster``)."""
     if name == "predictive":
         cfg = PolicyConfig(**params)
+        if checkpoint is not None:
+            from controller.forecasting import load_default_forecaster
+
+            path = checkpoint
+
+            def learned() -> Forecaster:
+                return load_default_forecaster(path)
+
+            return PredictivePolicy(cfg, forecaster=learned)
         if forecaster == "holt":
 
             def holt() -> Forecaster:
@@ -231,6 +243,22 @@ def make(name: str, forecaster: str, params: dict[str, Any]) -> ReplayPolicy:
             return PredictivePolicy(cfg, forecaster=holt)
         return PredictivePolicy(cfg)
     return make_policy(name, PolicyOptions())
+
+
+def checkpoint_runs(paths: list[str]) -> list[tuple[str, Path | None]]:
+    """(row label, checkpoint) per ``--checkpoint`` value (``[NAME=]PATH``; the label defaults to the file's
+    stem); one unlabelled run with no checkpoint when none is given. A missing file is an error naming it (the
+    controller would silently fall back to Holt, and the row would not measure the checkpoint it names)."""
+    if not paths:
+        return [("", None)]
+    out: list[tuple[str, Path | None]] = []
+    for text in paths:
+        label, sep, path_text = text.partition("=")
+        path = Path(path_text if sep else text)
+        if not path.is_file():
+            raise FileNotFoundError(f"--checkpoint {text!r}: no file at {path}")
+        out.append((label if sep else path.stem, path))
+    return out
 
 
 def scored(rep: ReplayReport, fleet: FleetSpec, after_s: float) -> float:
@@ -517,6 +545,14 @@ def main() -> None:
     ap.add_argument("--sine-period-s", type=float, default=600.0)
     ap.add_argument("--ramp-s", type=float, default=1200.0, help="the ramp workload's rise, seconds")
     ap.add_argument("--forecaster", choices=("holt", "default"), default="holt")
+    ap.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
+        help="predictive runs with this learned checkpoint, its rows labelled NAME (default: the file's stem);"
+        " repeat it to run several checkpoints side by side (the other policies run once)",
+    )
     ap.add_argument("--params", default="", help="PolicyConfig overrides for predictive: k=v,k=v")
     ap.add_argument("--label", default="", help="a label printed in each row (e.g. before/after)")
     ap.add_argument(
@@ -550,6 +586,10 @@ def main() -> None:
         decide_cost()
         return
     params = _parse_params(args.params)
+    try:
+        checkpoints = checkpoint_runs(args.checkpoint)
+    except FileNotFoundError as exc:
+        ap.error(str(exc))
     gateways: list[tuple[str, GatewayPolicy | None]] = []
     for g in args.gateway_queue.split(","):
         if g not in ("on", "off"):
@@ -575,8 +615,15 @@ def main() -> None:
         trace, fleet = workload(wl, args.duration_s, args.sine_period_s, args.ramp_s)
         split_s = 0.0 if args.time_split is None else args.time_split * float(trace.arrival_s[-1])
         results: dict[tuple[str, str], ReplayReport] = {}
-        for pol, (gw_name, gateway) in ((p, g) for p in args.policies.split(",") for g in gateways):
+        runs = [
+            (p, g, ck)
+            for p in args.policies.split(",")
+            for g in gateways
+            for ck in (checkpoints if p == "predictive" else [("", None)])
+        ]
+        for pol, (gw_name, gateway), (ck_name, ck_path) in runs:
             label = args.label if len(gateways) == 1 else f"{args.label} gw {gw_name}".strip()
+            label = f"{label} {ck_name}".strip()
             t0 = time.perf_counter()
             name = pol
             if pol == "oracle@slo":
@@ -587,10 +634,10 @@ def main() -> None:
                     else f"oracle@slo (unreachable at h={ORACLE_SLO_MAX_H:g})"
                 )
             else:
-                policy = make(pol, args.forecaster, params)
+                policy = make(pol, args.forecaster, params, ck_path)
                 probe = ChurnProbe(policy)
                 rep = run(wl, trace, fleet, probe if args.decompose else policy, gateway)
-            results[(pol, gw_name)] = rep
+            results.setdefault((pol, gw_name), rep)
             wall = time.perf_counter() - t0
             ratios = []
             for ref in ("oracle", "oracle@slo", "static-peak"):

@@ -28,7 +28,7 @@ class PolicyConfig(BaseModel):
     "Scaling policies side by side"); setting them to 'flat', 0, 0, 'off', ``queue_persist_s=3600``, 0,
     'off', False and True gives the seed's policy back. ``burst_reserve_level='tick'``,
     ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back;
-    ``burst_peak_headroom='both'`` gives session 4's."""
+    ``burst_peak_headroom='both'`` and ``cold_start_persist_decode=False`` give session 4's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -253,6 +253,43 @@ class PolicyConfig(BaseModel):
             " Standby promotion is not delayed, nor is decode (its overload shows as ITL, no queue lifts the"
             " wait); 0 = every tick's target starts capacity (session 3's rule). Measured: up to -6 % GPU-s on"
             " seven workloads at the same SLO (docs/BENCHMARKS.md)"
+        ),
+    )
+    cold_start_persist_decode: bool = Field(
+        True,
+        description=(
+            "apply cold_start_persist_s to decode too, while no ramp is projected (trend_factor): a decode"
+            " target that lasts less than that long starts no cold instance (a forecaster that reacts fast, e.g."
+            " the level-relative candidate, moves the decode target for a tick or two, and each such tick was a"
+            " cold start released unused). Measured with the shipped checkpoint: the same SLO on every workload"
+            " of bench_policies.py, up to 1.6 % fewer GPU-s (docs/BENCHMARKS.md, W7). False = session 4"
+        ),
+    )
+    little_arrivals: Literal["p90", "p50"] = Field(
+        "p90",
+        description=(
+            "the arrival forecast quantile decode's Little's-law concurrency is sized on (the headroom is on"
+            " top); p90 while the decode fleet is full"
+        ),
+    )
+    gen_forecast: Literal["tokens", "arrivals", "max", "min"] = Field(
+        "tokens",
+        description=(
+            "as prompt_forecast, for the generation load (arrival p90 × the mean output tokens). 'min' cuts"
+            " 1-8 % of GPU-s with a calibrated forecaster but costs the 600-s sinusoid 3 points of SLO with the"
+            " shipped one (its over-forecast generation sizes decode before the cold pool's decode fills); while"
+            " the decode fleet is full (stages.decode_saturated) 'min' reads as 'max' and little_arrivals as p90"
+        ),
+    )
+    prompt_forecast: Literal["tokens", "arrivals", "max", "min"] = Field(
+        "tokens",
+        description=(
+            "the forecast prompt load stage 1 sizes prefill on (the measured load stays a floor): 'tokens' ="
+            " the forecaster's prompt-token p90; 'arrivals' = its arrival p90 × the measured mean prompt tokens"
+            " per request (the token p90 while the mean is unknown); 'max' / 'min' = the larger / smaller of"
+            " the two. 'min' keeps a token forecast's spike after one long prompt out of the target: 1-9 %"
+            " fewer GPU-s with the level-relative candidate, 0-1 % with the shipped checkpoint, but -0.19 SLO"
+            " points on mmpp-diurnal with the shipped one, so 'tokens' stays the default (docs/BENCHMARKS.md, W7)"
         ),
     )
     scale_down_delay_s: float = Field(

@@ -45,6 +45,9 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         cfg.provision_lead_s,
         offered=stages.uses_offered(obs, cfg),
         persistent_queue=queue_s >= cfg.queue_persist_s,
+        prompt_forecast=cfg.prompt_forecast,
+        gen_forecast=cfg.gen_forecast,
+        little_arrivals=cfg.little_arrivals,
     )
     if need is None:
         return None, state
@@ -107,6 +110,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     # waiting for decode targets to last sized it at the bottom of their noise: -0.1 SLO points).
     watched = obs.now_s - seen_from >= cfg.provision_lead_s  # False while seen_from is NaN
     cold_persist_s = cfg.cold_start_persist_s if obs.waiting_requests == 0 and watched else 0.0
+    decode_persists = cfg.cold_start_persist_decode and why_trend is None
     bounds = {"prefill": (cfg.min_prefill, cfg.max_prefill), "decode": (cfg.min_decode, cfg.max_decode)}
     roles = dict(state.roles)
     final: dict[str, int] = {}
@@ -122,7 +126,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             can_scale_down=obs.complete,
             fast_up=obs.standby.get(role, 0),
             hold_s=hold_s,
-            cold_persist_s=cold_persist_s if role == "prefill" else 0.0,
+            cold_persist_s=cold_persist_s if role == "prefill" or decode_persists else 0.0,
         )
         if why_h:
             reasons.append(why_h)

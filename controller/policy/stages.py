@@ -55,6 +55,59 @@ def offered_prompt_tps(obs: PoolObservation) -> float:
     return math.nan
 
 
+def forecast_token_tps(obs: PoolObservation, channel: str, mode: str = "tokens") -> float:
+    """The forecast prompt (``channel`` "prompt") or generation ("gen") load, tokens/s; NaN when unknown.
+
+    ``mode``: "tokens" = the forecaster's token p90 for that channel; "arrivals" = its arrival p90 × the measured
+    mean tokens per request (prompt or output; the token p90 while either is unknown); "max" / "min" = the
+    larger / smaller of the two (either alone when the other is unknown).
+
+    The token forecasts follow the loop's token channels, which count tokens *processed* (capped by the fleet,
+    generation spread over each request's output), and a forecaster that reads them relative to the arrival
+    level jumps with every long prompt (a 5-s p90 of one 8,000-token prompt on a quiet pool starts cold
+    capacity that the scale-down window releases unused). The arrival p90 × a slow mean length moves only
+    with arrivals; the smaller of the two keeps a spike in either out of the target, and the measured load
+    stays a floor under it in ``capacity_target``."""
+    fc = obs.forecast
+    if fc is None:
+        return math.nan
+    if channel == "prompt":
+        tokens, per_request = fc.rate(fc.prompt_tokens_p90), obs.mean_prompt_tokens
+    elif channel == "gen":
+        tokens, per_request = fc.rate(fc.gen_tokens_p90), obs.mean_output_tokens
+    else:
+        raise ValueError(f"forecast_token_tps: channel must be prompt or gen, got {channel!r}")
+    if mode == "tokens":
+        return tokens
+    arrivals = fc.rate(fc.arrivals_p90)
+    by_arrivals = arrivals * per_request if _known(arrivals) and _known(per_request) else math.nan
+    if mode == "arrivals":
+        return by_arrivals if _known(by_arrivals) else tokens
+    if mode == "max":
+        return _nanmax(tokens, by_arrivals)
+    if mode == "min":
+        return (
+            min(tokens, by_arrivals)
+            if _known(tokens) and _known(by_arrivals)
+            else _nanmax(tokens, by_arrivals)
+        )
+    raise ValueError(f"token forecast mode: expected tokens, arrivals, max or min, got {mode!r}")
+
+
+DECODE_SATURATED = 0.9  # running sequences at this fraction of the active decode fleet's batch: it is full
+
+
+def decode_saturated(obs: PoolObservation, cap: PoolCapacity) -> bool:
+    """The active decode fleet runs at ``DECODE_SATURATED`` of its sequence capacity or more (False when
+    unknown). Then what decode measures is capped by the fleet: the generation rate, the running sequences and
+    the mean output length read from them (generated tokens per arrival) are floors of the load, not the
+    load (a cold pool's first rise: the output length reads ~330 tokens of ~1,000 for two minutes)."""
+    active = obs.active.get("decode", 0)
+    if not (_known(obs.running_seqs) and active > 0):
+        return False
+    return obs.running_seqs >= DECODE_SATURATED * active * cap.decode_seqs
+
+
 def capacity_target(
     obs: PoolObservation,
     cap: PoolCapacity,
@@ -63,6 +116,9 @@ def capacity_target(
     *,
     offered: bool = False,
     persistent_queue: bool = False,
+    prompt_forecast: str = "tokens",
+    gen_forecast: str = "tokens",
+    little_arrivals: str = "p90",
 ) -> Need | None:
     """Stage 1: instances needed from the p90 forecast, the measured load and the queue.
 
@@ -87,9 +143,15 @@ def capacity_target(
     baseline's rule, and what wins when a pool starts far below its load).
     """
     fc = obs.forecast
-    prompt_fc = fc.rate(fc.prompt_tokens_p90) if fc else math.nan
-    gen_fc = fc.rate(fc.gen_tokens_p90) if fc else math.nan
-    arrivals_fc = fc.rate(fc.arrivals_p90) if fc else math.nan
+    censored = decode_saturated(obs, cap)
+    if censored:  # the measured output length and generation are floors: cut nothing from the forecast
+        gen_forecast = "max" if gen_forecast != "tokens" else gen_forecast
+        little_arrivals = "p90"
+    prompt_fc = forecast_token_tps(obs, "prompt", prompt_forecast)
+    gen_fc = forecast_token_tps(obs, "gen", gen_forecast)
+    arrivals_fc = (
+        fc.rate(fc.arrivals_p50 if little_arrivals == "p50" else fc.arrivals_p90) if fc else math.nan
+    )
     prompt_tps = _nanmax(obs.prompt_tps, prompt_fc)
     gen_tps = _nanmax(obs.gen_tps, gen_fc)
     if not (_known(prompt_tps) and _known(gen_tps)):

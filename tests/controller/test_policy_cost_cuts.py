@@ -236,12 +236,14 @@ def test_decide_waits_only_in_a_watched_pool_without_a_queue() -> None:
     assert _spike_plan(cfg, waiting=30.0, quiet_s=quiet) == _spike_plan(off, waiting=30.0, quiet_s=quiet)
     # under one cold start of history a spike is not known to be one: no wait
     assert _spike_plan(cfg, waiting=0.0, quiet_s=60) == _spike_plan(off, waiting=0.0, quiet_s=60)
-    # decode never waits: its overload shows as ITL, and no queue would lift the wait
+    # decode waits too (cold_start_persist_decode, the default since session 5); without it (session 4) never
     spiked = _spike_plan(off, waiting=0.0, quiet_s=quiet, role="decode")
     assert spiked > _spike_plan(
         off, waiting=0.0, quiet_s=quiet, role="decode", spike_rps=2.0
     )  # it raises decode
-    assert _spike_plan(cfg, waiting=0.0, quiet_s=quiet, role="decode") == spiked
+    no_decode_wait = cfg.model_copy(update={"cold_start_persist_decode": False})
+    assert _spike_plan(no_decode_wait, waiting=0.0, quiet_s=quiet, role="decode") == spiked
+    assert _spike_plan(cfg, waiting=0.0, quiet_s=quiet, role="decode") < spiked
 
 
 def test_short_burst_cap_ends_once_the_high_load_lasted_a_cold_start() -> None:
