@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -35,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving.workload.variants import Variant, build_variants  # noqa: E402
+from serving.workload.variants import Variant, build_hostile_variants, build_variants  # noqa: E402
 
 # the project's venv; a git worktree without one runs the interpreter's own (e.g. /work/main/.venv/bin)
 BIN = ROOT / ".venv" / "bin" if (ROOT / ".venv" / "bin").is_dir() else Path(sys.executable).parent
@@ -245,6 +246,107 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
     return runs
 
 
+VALIDATE_REAL_JSON = ROOT / "serving/sim/profiles/validation/code_rows0-119_1rps_quiet.json"
+EXTRA_ENTRIES = ("plan", "controller", "controller-config", "fleet", "tune", "validate")
+
+
+def nonsense(doc: Any, where: str = "") -> list[str]:
+    """JSON paths holding NaN/inf (Python's json writes them as NaN/Infinity) or a negative GPU-s/-hours."""
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in nonsense(v, f"{where}.{k}")]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc[:10_000]) for p in nonsense(v, f"{where}[{i}]")]
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return [f"{where} = {doc}"]
+    if isinstance(doc, int | float) and ("gpu_s" in where or "gpu_h" in where) and doc < 0:
+        return [f"{where} = {doc}"]
+    return []
+
+
+def _json_check(out: Path, summary: Any = None) -> tuple[str, str]:
+    doc = json.loads(out.read_text())
+    bad = nonsense(doc)
+    return ("; ".join(bad[:3]) + (f" (+{len(bad) - 3})" if len(bad) > 3 else "") if bad else "",
+            summary(doc) if summary is not None else "")  # fmt: skip
+
+
+def run_extra(v: Variant, work: Path, entries: set[str]) -> list[Run]:
+    """The other entry points, bounded: `pdscale plan --trace`, `pdscale controller` (embedded default
+    and --config with a simulator trace), `pdscale replay --fleet` (one pool), `pdscale tune` (2 trials,
+    holt), `pdscale sim validate --real-json` (simulator side only). Each JSON is checked for NaN/inf."""
+    runs: list[Run] = []
+    if v.expect == "error":
+        return runs
+    slo = MOONCAKE_SLO if v.fmt == "mooncake" else []
+    dur = ["--duration-s", "600"]
+    pd_ = str(BIN / "pdscale")
+
+    def record(entry: str, cmd: list[str], out: Path, summary: Any = None) -> None:
+        rc, text, wall, rss, cpu = _timed(cmd, 900.0)
+        outcome, note = _classify(rc, text, "ok")
+        if outcome == "ok":
+            if not out.exists():
+                outcome, note = "WRONG", f"no {out.name} written"
+            else:
+                problem, note = _json_check(out, summary)
+                outcome = "WRONG" if problem else "ok"
+                note = problem or note
+        runs.append(Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), round(rss), note))
+        print(
+            f"{v.name:34s} {entry:22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
+            flush=True,
+        )
+
+    if "plan" in entries:
+        out = work / f"{v.name}.plan.json"
+        record("plan --trace", [pd_, "plan", "--trace", str(v.path), "--json", str(out), *slo], out,
+               lambda d: f"{len(json.dumps(d))} B")  # fmt: skip
+    if "controller" in entries:
+        out = work / f"{v.name}.controller.json"
+        record(
+            "controller (default)", [pd_, "controller", "--trace", str(v.path), *dur, "--json", str(out)], out
+        )
+    if "controller-config" in entries:
+        cfg = work / f"{v.name}.controller.yaml"
+        cfg.write_text(f"simulator:\n  trace: {v.path}\n  duration_s: 600\n")
+        out = work / f"{v.name}.controller-config.json"
+        record("controller --config", [pd_, "controller", "--config", str(cfg), "--json", str(out)], out)
+    if "fleet" in entries:
+        fleet = work / f"{v.name}.fleet.yaml"
+        ttft = 10000 if v.fmt == "mooncake" else 1000
+        fleet.write_text(
+            f"gpu_budget: 64\nduration_s: 600\npools:\n  - name: unseen\n    profile: llama3-8b/a100\n"
+            f"    trace: {v.path}\n    slo_ttft_ms: {ttft}\n    slo_itl_ms: 50\n"
+            "    prefill: {min: 1, max: 32}\n    decode: {min: 1, max: 32}\n"
+        )
+        out = work / f"{v.name}.fleet.json"
+        record("replay --fleet", [pd_, "replay", "--fleet", str(fleet), "--policy", "reactive", "--json", str(out)],
+               out)  # fmt: skip
+    if "tune" in entries:
+        out = work / f"{v.name}.tune.json"
+        db = work / f"{v.name}.tune.db"
+        db.unlink(missing_ok=True)
+        cmd = [pd_, "tune", "--trace", str(v.path), "--trials", "2", "--forecaster", "holt", "--duration-s", "300",
+               "--chunks", "1", "--storage", f"sqlite:///{db}", "--study", v.name, "--out",
+               str(work / f"{v.name}.tune.yaml"), "--json", str(out), *slo]  # fmt: skip
+        record("tune (2 trials)", cmd, out)
+    if "validate" in entries:
+        out = work / f"{v.name}.validate.json"
+        cmd = [pd_, "sim", "validate", str(v.path), "--real-json", str(VALIDATE_REAL_JSON), "--json", str(out),
+               "--work-dir", str(work / "validate")]  # fmt: skip
+        rc, text, wall, rss, cpu = _timed(cmd, 600.0)
+        outcome, note = _classify(rc, text, "error")  # another trace's recorded run: a refusal is right
+        if rc == 0:
+            problem, _ = _json_check(out)
+            outcome, note = ("WRONG", problem) if problem else ("ok", "slice matches the recorded run")
+        runs.append(
+            Run(v.name, "sim validate --real-json", outcome, round(wall, 1), round(cpu, 1), round(rss), note)
+        )
+        print(f"{v.name:34s} {'sim validate':22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
+              flush=True)  # fmt: skip
+    return runs
+
+
 def eval_summary(doc: dict[str, Any]) -> tuple[str, str]:
     """(problem or '', summary) of a `train-forecaster evaluate --json` document."""
     models = doc["models"]
@@ -329,6 +431,12 @@ def main() -> None:
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument(
+        "--set",
+        choices=("generated", "hostile", "all"),
+        default="generated",
+        help="variants: generated (realistic, from the bundled traces), hostile (edge cases), or all",
+    )
+    ap.add_argument(
         "--gateway-queue",
         default="off",
         help="replay entries with pdscale replay --gateway-queue: off, on, or off,on (both, side by side)",
@@ -362,7 +470,9 @@ def main() -> None:
         print(
             "note: `train-forecaster evaluate --trace FILE` (issue 4's spelling) is refused; passing FILE as an argument"
         )
-    variants = build_variants(args.out, long=not args.no_long)
+    variants = [] if args.set == "hostile" else build_variants(args.out, long=not args.no_long)
+    if args.set != "generated":
+        variants += build_hostile_variants(args.out, long=not args.no_long)
     if args.only:
         variants = [v for v in variants if v.name in args.only]
     work = args.out / "runs"
@@ -371,6 +481,7 @@ def main() -> None:
     runs: list[Run] = []
     for v in variants:
         runs.extend(run_variant(v, work, entries, gateways))
+        runs.extend(run_extra(v, work, entries))
     if "fit" in entries:
         small = next((v for v in variants if v.name == "azure_code_x0.25"), None)
         if small is not None:
