@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from serving.workload import formats as F
-from serving.workload.chunks import RawChunk
+from serving.workload.chunks import RawChunk, blank_then_text
 from serving.workload.errors import TraceError, TraceWarning
 
 # more than this many records per second on average (and at least SECONDS_SUSPECT_MIN_ROWS of them): the
@@ -70,6 +70,8 @@ def _mooncake_slow(path: Path, first_line: int, lines: list[bytes]) -> tuple[tup
     nonblank = [i for i, t in enumerate(texts) if t.strip()]
     keep = nonblank[-1] + 1 if nonblank else 0
     for i, text in enumerate(texts[:keep]):
+        if not text.strip():
+            raise blank_then_text(path, first_line + i)
         problem = F.diagnose_line(F.MOONCAKE, [], text)
         if problem is not None:
             raise TraceError(path, first_line + i, problem)
@@ -95,7 +97,7 @@ def mooncake_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
             else:
                 arrays, keep = _mooncake_slow(path, line, lines)
             if pending_blank and keep:
-                raise TraceError(path, pending_blank, F.diagnose_line(F.MOONCAKE, [], "") or "blank line")
+                raise blank_then_text(path, pending_blank)
             if keep < len(lines):
                 pending_blank = pending_blank or line + keep
             if keep:

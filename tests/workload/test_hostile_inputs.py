@@ -69,7 +69,14 @@ def test_unrelated_header_is_still_unknown_format(tmp_path: Path) -> None:
 
 def test_trailing_garbage_after_a_blank_line_names_the_line(tmp_path: Path) -> None:
     path = _write(tmp_path / "t.csv", [AZURE_HEADER, *ROWS, "", "# exported by trace-tool"])
-    with pytest.raises(TraceError, match=r"t\.csv:5: blank line"):
+    with pytest.raises(TraceError, match=r"t\.csv:5: blank line, then more text on line 6: '# exported by"):
+        read_trace(path)
+
+
+def test_mooncake_trailing_garbage_after_a_blank_line_names_both_lines(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path / "m.jsonl", [0.0, 5.0])
+    path.write_text(path.read_text() + "\n\nEOF\n")
+    with pytest.raises(TraceError, match=r"m\.jsonl:3: blank line, then more text on line 5: 'EOF'"):
         read_trace(path)
 
 
