@@ -274,9 +274,35 @@ def nonsense(doc: Any, where: str = "") -> list[str]:
     return []
 
 
+def _accounted(doc: dict[str, Any], where: str) -> list[str]:
+    """completed + unfinished == requests, dropped == 0, GPU-s > 0 in one report (``where`` names it)."""
+    bad = []
+    if doc.get("completed", 0) + doc.get("unfinished", 0) != doc.get("requests"):
+        bad.append(f"{where}: completed {doc.get('completed')} + unfinished {doc.get('unfinished')} != "
+                   f"requests {doc.get('requests')}")  # fmt: skip
+    if doc.get("dropped"):
+        bad.append(f"{where}: dropped {doc['dropped']}")
+    if not (doc.get("gpu_seconds") or 0) > 0:
+        bad.append(f"{where}: gpu_seconds {doc.get('gpu_seconds')}")
+    return bad
+
+
+def _policies_summary(doc: dict[str, Any]) -> str:
+    pols = doc["policies"]
+    return ", ".join(
+        f"{n} {f['requests']:,} req SLO {f['slo_attainment']:.1%} {f['gpu_seconds']:,.0f} GPU-s"
+        + (f" {f['unfinished']:,} unfinished" if f.get("unfinished") else "")
+        for n, f in pols.items()
+    )
+
+
 def _json_check(out: Path, summary: Any = None) -> tuple[str, str]:
     doc = json.loads(out.read_text())
     bad = nonsense(doc)
+    if isinstance(doc.get("policies"), dict):  # pdscale controller
+        bad += [b for n, f in doc["policies"].items() for b in _accounted(f, n)]
+    elif "requests" in doc and "completed" in doc:  # pdscale replay --fleet
+        bad += _accounted(doc, "fleet")
     return ("; ".join(bad[:3]) + (f" (+{len(bad) - 3})" if len(bad) > 3 else "") if bad else "",
             summary(doc) if summary is not None else "")  # fmt: skip
 
@@ -289,7 +315,6 @@ def run_extra(v: Variant, work: Path, entries: set[str]) -> list[Run]:
     if v.expect == "error":
         return runs
     slo = MOONCAKE_SLO if v.fmt == "mooncake" else []
-    dur = ["--duration-s", "600"]
     pd_ = str(BIN / "pdscale")
 
     def record(entry: str, cmd: list[str], out: Path, summary: Any = None) -> None:
@@ -310,29 +335,32 @@ def run_extra(v: Variant, work: Path, entries: set[str]) -> list[Run]:
 
     if "plan" in entries:
         out = work / f"{v.name}.plan.json"
-        record("plan --trace", [pd_, "plan", "--trace", str(v.path), "--json", str(out), *slo], out,
-               lambda d: f"{len(json.dumps(d))} B")  # fmt: skip
+        ttft = "10000" if v.fmt == "mooncake" else "1000"
+        record("plan --trace", [pd_, "plan", "--trace", str(v.path), "--slo-ttft-ms", ttft, "--slo-itl-ms", "50",
+                                "--json", str(out)], out,
+               lambda d: f"{d['prefill']}P + {d['decode']}D = {d['gpus']} GPUs ({d['sizing']})")  # fmt: skip
     if "controller" in entries:
         out = work / f"{v.name}.controller.json"
-        record(
-            "controller (default)", [pd_, "controller", "--trace", str(v.path), *dur, "--json", str(out)], out
-        )
+        cmd = [pd_, "controller", "--trace", str(v.path), "--json", str(out)]  # the whole trace
+        record("controller (default)", cmd, out, _policies_summary)
     if "controller-config" in entries:
         cfg = work / f"{v.name}.controller.yaml"
         cfg.write_text(f"simulator:\n  trace: {v.path}\n  duration_s: 600\n")
         out = work / f"{v.name}.controller-config.json"
-        record("controller --config", [pd_, "controller", "--config", str(cfg), "--json", str(out)], out)
+        record("controller --config", [pd_, "controller", "--config", str(cfg), "--json", str(out)], out,
+               _policies_summary)  # fmt: skip
     if "fleet" in entries:
         fleet = work / f"{v.name}.fleet.yaml"
-        ttft = 10000 if v.fmt == "mooncake" else 1000
+        ttft_ms = 10000 if v.fmt == "mooncake" else 1000
         fleet.write_text(
-            f"gpu_budget: 64\nduration_s: 600\npools:\n  - name: unseen\n    profile: llama3-8b/a100\n"
-            f"    trace: {v.path}\n    slo_ttft_ms: {ttft}\n    slo_itl_ms: 50\n"
+            f"gpu_budget: 64\npools:\n  - name: unseen\n    profile: llama3-8b/a100\n"
+            f"    trace: {v.path}\n    slo_ttft_ms: {ttft_ms}\n    slo_itl_ms: 50\n"
             "    prefill: {min: 1, max: 32}\n    decode: {min: 1, max: 32}\n"
         )
         out = work / f"{v.name}.fleet.json"
         record("replay --fleet", [pd_, "replay", "--fleet", str(fleet), "--policy", "reactive", "--json", str(out)],
-               out)  # fmt: skip
+               out, lambda d: f"reactive, {d['requests']:,} req SLO {d['slo_attainment']:.1%} {d['gpu_seconds']:,.0f} "
+               "GPU-s")  # fmt: skip
     if "tune" in entries:
         out = work / f"{v.name}.tune.json"
         db = work / f"{v.name}.tune.db"
@@ -340,7 +368,12 @@ def run_extra(v: Variant, work: Path, entries: set[str]) -> list[Run]:
         cmd = [pd_, "tune", "--trace", str(v.path), "--trials", "2", "--forecaster", "holt", "--duration-s", "300",
                "--chunks", "1", "--storage", f"sqlite:///{db}", "--study", v.name, "--out",
                str(work / f"{v.name}.tune.yaml"), "--json", str(out), *slo]  # fmt: skip
-        record("tune (2 trials)", cmd, out)
+        record(
+            "tune (2 trials)",
+            cmd,
+            out,
+            lambda d: f"{d['trials']['complete']} complete; {d['best']['rule'][:60]}",
+        )
     if "validate" in entries:
         out = work / f"{v.name}.validate.json"
         cmd = [pd_, "sim", "validate", str(v.path), "--real-json", str(VALIDATE_REAL_JSON), "--json", str(out),
@@ -396,20 +429,45 @@ def _score_from(v: Variant) -> str:
         return f"+{int(read_trace(v.path).duration_s // 3)}"
 
 
-def run_fit(v: Variant, work: Path) -> Run:
-    out = work / "fit"
-    cmd = [str(BIN / "train-forecaster"), "fit", "--trace", str(v.path), "--out", str(out), "--epochs", "2",
+def run_fit(v: Variant, work: Path, epochs: int = 2, export: bool = False) -> list[Run]:
+    """`train-forecaster fit` (``epochs``, one torch thread); with ``export``, then `train-forecaster export`
+    of the Lightning .ckpt it wrote. A trace too short to train on must be a clear error (exit 2)."""
+    out = work / f"fit-{v.name}" if v.name != "azure_code_x0.25" else work / "fit"
+    cmd = [str(BIN / "train-forecaster"), "fit", "--trace", str(v.path), "--out", str(out), "--epochs", str(epochs),
            "--threads", "1"]  # fmt: skip
     rc, text, wall, rss, cpu = _timed(cmd, 900.0)
-    outcome, note = _classify(rc, text, "ok")
+    expect = "error" if v.expect == "error" or v.name in TOO_SHORT_TO_FIT else "ok"
+    outcome, note = _classify(rc, text, expect)
     if outcome == "ok" and not (out / "forecaster.safetensors").exists():
         outcome, note = "WRONG", "no forecaster.safetensors written"
-    run = Run(v.name, "fit (2 epochs)", outcome, round(wall, 1), round(cpu, 1), round(rss), note)
+    entry = f"fit ({epochs} epochs)"
+    runs = [Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), round(rss), note)]
     print(
-        f"{v.name:34s} {'fit (2 epochs)':22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
-        flush=True,
+        f"{v.name:34s} {entry:22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}", flush=True
     )
-    return run
+    ckpts = sorted((out / "lightning").rglob("*.ckpt")) if outcome == "ok" else []
+    if export and ckpts:
+        dest = out / "exported.safetensors"
+        rc, text, wall, rss, cpu = _timed(
+            [str(BIN / "train-forecaster"), "export", "--checkpoint", str(ckpts[-1]), "--out", str(dest)],
+            600.0,
+        )
+        outcome, note = _classify(rc, text, "ok")
+        if outcome == "ok" and not dest.exists():
+            outcome, note = "WRONG", f"no {dest.name} written"
+        runs.append(
+            Run(v.name, "export", outcome, round(wall, 1), round(cpu, 1), round(rss), note or ckpts[-1].name)
+        )
+        print(
+            f"{v.name:34s} {'export':22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
+            flush=True,
+        )
+    return runs
+
+
+# hostile variants `fit` must refuse clearly: no span of time to cut windows from
+TOO_SHORT_TO_FIT = ("hostile_one_timestamp", "hostile_single_request")
+FIT_HOSTILE = ("hostile_silence_1h", "hostile_flash_crowd_x20", *TOO_SHORT_TO_FIT)
 
 
 def plot_speed() -> None:
@@ -496,7 +554,10 @@ def main() -> None:
     if "fit" in entries:
         small = next((v for v in variants if v.name == "azure_code_x0.25"), None)
         if small is not None:
-            runs.append(run_fit(small, work))
+            runs.extend(run_fit(small, work))
+        for v in variants:
+            if v.name in FIT_HOSTILE:
+                runs.extend(run_fit(v, work, epochs=1, export="export" in entries))
     print(f"\nstarted {started}; load average now {os.getloadavg()[0]:.1f}")
     print("| variant | entry point | outcome | wall s | CPU s | peak RSS MB | figures / message |")
     print("|---|---|---|---|---|---|---|")
