@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +161,19 @@ def test_replay_within_max_model_len_reports_zero_and_no_warning() -> None:
             make_policy("fixed", PolicyOptions(mixed=1)),
         )
     assert report.to_json()["over_context"] == 0
+
+
+@pytest.mark.parametrize("split", ["shared", "static"])
+def test_fleet_replay_sums_over_context_over_its_pools(split: str) -> None:
+    from serving.sim.fleet import FleetSpec
+    from serving.sim.fleet_file import replay_fleet
+
+    one = single_pool(profile="cpu-tiny", mixed=1, max_per_role=2).pools[0]
+    spec = FleetSpec(pools=(replace(one, name="a"), replace(one, name="b")), gpu_budget=4)
+    traces = {
+        "a": Trace.from_arrays(np.array([0.0, 1.0]), np.array([2000, 100]), np.array([8, 8]), source="a.csv"),
+        "b": Trace.from_arrays(np.array([0.0]), np.array([1500]), np.array([8]), source="b.csv"),
+    }
+    with pytest.warns(OverContextWarning):
+        doc = replay_fleet(spec, traces, "static-peak", split=split).to_json()
+    assert doc["over_context"] == 2 and doc["requests"] == doc["completed"] == 3
