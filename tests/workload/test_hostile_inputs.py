@@ -177,3 +177,12 @@ def test_fleet_replay_sums_over_context_over_its_pools(split: str) -> None:
     with pytest.warns(OverContextWarning):
         doc = replay_fleet(spec, traces, "static-peak", split=split).to_json()
     assert doc["over_context"] == 2 and doc["requests"] == doc["completed"] == 3
+
+
+@pytest.mark.parametrize("score_from", ["+0", "70%"])
+def test_evaluate_refuses_a_trace_spanning_zero_seconds_saying_so(score_from: str) -> None:
+    from training.evaluate import EvaluationError, parse_score_from
+
+    trace = Trace.from_arrays(np.zeros(3), np.full(3, 100), np.full(3, 8), source="one.csv")
+    with pytest.raises(EvaluationError, match=r"one\.csv spans 0 s \(3 request\(s\), all on one timestamp\)"):
+        parse_score_from(score_from, trace)
