@@ -253,8 +253,8 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
         trace_arg = ["--trace", str(v.path)] if EVALUATE_TAKES_TRACE_OPTION else [str(v.path)]
         cmd = [str(BIN / "train-forecaster"), "evaluate", *trace_arg, "--score-from", score_from,
                "--json", str(out)]  # fmt: skip
-        # a trace spanning 0 s has no second to score: refusing it is right
-        record("evaluate", cmd, check_eval, expect="error" if v.name in TOO_SHORT_TO_FIT else None)
+        # a trace spanning 0 s (or less than the horizon) has no second to score: refusing it is right
+        record("evaluate", cmd, check_eval, expect="error" if v.name in TOO_SHORT_TO_SCORE else None)
     return runs
 
 
@@ -468,6 +468,8 @@ def run_fit(v: Variant, work: Path, epochs: int = 2, export: bool = False) -> li
 
 # hostile variants `fit` must refuse clearly: no span of time to cut windows from
 TOO_SHORT_TO_FIT = ("hostile_one_timestamp", "hostile_single_request")
+# ... and those `evaluate` must refuse: 0 s, or (Mooncake read in ms from a file in seconds) 1 s < the 5-s horizon
+TOO_SHORT_TO_SCORE = (*TOO_SHORT_TO_FIT, "hostile_mooncake_seconds")
 FIT_HOSTILE = ("hostile_silence_1h", "hostile_flash_crowd_x20", *TOO_SHORT_TO_FIT)
 
 

@@ -186,3 +186,18 @@ def test_evaluate_refuses_a_trace_spanning_zero_seconds_saying_so(score_from: st
     trace = Trace.from_arrays(np.zeros(3), np.full(3, 100), np.full(3, 8), source="one.csv")
     with pytest.raises(EvaluationError, match=r"one\.csv spans 0 s \(3 request\(s\), all on one timestamp\)"):
         parse_score_from(score_from, trace)
+
+
+def test_fit_refuses_a_trace_spanning_zero_seconds(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from training.cli import app
+
+    path = _write(tmp_path / "one.csv", [AZURE_HEADER] + ["2023-11-16 18:00:00.0000000,100,1"] * 3)
+    result = CliRunner().invoke(
+        app, ["fit", "--trace", str(path), "--out", str(tmp_path / "out"), "--epochs", "1"]
+    )
+    text = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
+    assert result.exit_code == 2, text
+    assert "3 request(s), all on one timestamp (the trace spans 0 s)" in text
+    assert not (tmp_path / "out" / "forecaster.safetensors").exists()
