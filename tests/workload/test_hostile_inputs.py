@@ -201,3 +201,29 @@ def test_fit_refuses_a_trace_spanning_zero_seconds(tmp_path: Path) -> None:
     assert result.exit_code == 2, text
     assert "3 request(s), all on one timestamp (the trace spans 0 s)" in text
     assert not (tmp_path / "out" / "forecaster.safetensors").exists()
+
+
+def test_every_hostile_variant_reads_as_documented(tmp_path: Path) -> None:
+    from serving.workload.variants import build_hostile_variants
+
+    variants = build_hostile_variants(tmp_path, long=False)
+    assert len(variants) == 18 and len({v.name for v in variants}) == 18
+    for v in variants:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceWarning)
+            if v.expect == "error":
+                where = rf":{v.error_line}: " if v.error_line is not None else r"\.(csv|gz|jsonl): "
+                with pytest.raises(TraceError, match=where):
+                    read_trace(v.path)
+                continue
+            t = read_trace(v.path)
+        assert len(t) == v.requests, v.name
+        assert t.arrival_s[0] == 0.0 and bool(np.all(np.diff(t.arrival_s) >= 0)), v.name
+        told = [str(w.message) for w in caught if issubclass(w.category, TraceWarning)]
+        assert bool(told) == (v.name == "hostile_mooncake_seconds"), (v.name, told)
+    zones = [read_trace(tmp_path / f"hostile_{n}.csv") for n in ("iso_T_Z", "offset_0530", "whole_seconds")]
+    np.testing.assert_allclose(zones[0].arrival_s, zones[1].arrival_s)
+    assert zones[0].start_time == zones[1].start_time
+    assert (
+        np.abs(zones[2].arrival_s - zones[0].arrival_s).max() < 1.0
+    )  # whole seconds: truncated, not shifted
