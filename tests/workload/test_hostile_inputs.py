@@ -149,6 +149,9 @@ def test_replay_counts_prompts_past_max_model_len_and_serves_them() -> None:
     doc = report.to_json()
     assert doc["over_context"] == 2
     assert doc["requests"] == doc["completed"] == 4 and doc["unfinished"] == 0
+    from training.policy_bench import policy_figures
+
+    assert policy_figures(report, None).to_json()["over_context"] == 2  # pdscale bench's JSON
 
 
 def test_replay_within_max_model_len_reports_zero_and_no_warning() -> None:
