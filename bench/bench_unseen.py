@@ -12,8 +12,14 @@ and checks the figures: completed == requests, dropped == 0, GPU-s > 0, SLO atta
 and, for variants that must be refused, exit code 2 with the line named and no traceback.
 Long variants (2 h at 30 req/s, a day at 3 req/s) run replay and bench in full.
 
+``--set hostile`` (or ``all``) adds the edge cases of ``build_hostile_variants`` (silences, a flash crowd, prompts
+past the context window, one timestamp, other time zones, broken and compressed files), and ``--entries`` can add
+``plan``, ``controller``, ``controller-config``, ``fleet``, ``tune``, ``validate`` (``run_extra``) and ``export``
+(after ``fit``); every ``--json`` they write is checked for NaN/inf and requests == completed + unfinished.
+
 Usage: OMP_NUM_THREADS=1 nice .venv/bin/python bench/bench_unseen.py [--out /tmp/unseen] [--no-long]
-       [--only NAME ...] [--json OUT] [--gateway-queue off|on|off,on]
+       [--set generated|hostile|all] [--only NAME ...] [--entries E,...] [--json OUT]
+       [--gateway-queue off|on|off,on]
 
 ``--gateway-queue off,on`` runs every replay entry (``replay:speed``, ``replay:POLICY``) both ways, side by
 side (``pdscale replay --gateway-queue``; the entry name ends in ``gw on`` / ``gw off``).
