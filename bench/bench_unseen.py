@@ -12,8 +12,14 @@ and checks the figures: completed == requests, dropped == 0, GPU-s > 0, SLO atta
 and, for variants that must be refused, exit code 2 with the line named and no traceback.
 Long variants (2 h at 30 req/s, a day at 3 req/s) run replay and bench in full.
 
+``--set hostile`` (or ``all``) adds the edge cases of ``build_hostile_variants`` (silences, a flash crowd, prompts
+past the context window, one timestamp, other time zones, broken and compressed files), and ``--entries`` can add
+``plan``, ``controller``, ``controller-config``, ``fleet``, ``tune``, ``validate`` (``run_extra``) and ``export``
+(after ``fit``); every ``--json`` they write is checked for NaN/inf and requests == completed + unfinished.
+
 Usage: OMP_NUM_THREADS=1 nice .venv/bin/python bench/bench_unseen.py [--out /tmp/unseen] [--no-long]
-       [--only NAME ...] [--json OUT] [--gateway-queue off|on|off,on]
+       [--set generated|hostile|all] [--only NAME ...] [--entries E,...] [--json OUT]
+       [--gateway-queue off|on|off,on]
 
 ``--gateway-queue off,on`` runs every replay entry (``replay:speed``, ``replay:POLICY``) both ways, side by
 side (``pdscale replay --gateway-queue``; the entry name ends in ``gw on`` / ``gw off``).
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -35,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving.workload.variants import Variant, build_variants  # noqa: E402
+from serving.workload.variants import Variant, build_hostile_variants, build_variants  # noqa: E402
 
 # the project's venv; a git worktree without one runs the interpreter's own (e.g. /work/main/.venv/bin)
 BIN = ROOT / ".venv" / "bin" if (ROOT / ".venv" / "bin").is_dir() else Path(sys.executable).parent
@@ -91,8 +98,10 @@ def _check_replay(doc: dict[str, Any], requests: int) -> str:
     problems = []
     if doc.get("requests") != requests:
         problems.append(f"requests {doc.get('requests')} != {requests}")
-    if doc.get("completed") != doc.get("requests"):
-        problems.append(f"completed {doc.get('completed')} != requests {doc.get('requests')}")
+    if doc.get("completed", 0) + doc.get("unfinished", 0) != doc.get("requests"):  # lost without a word
+        problems.append(
+            f"completed {doc.get('completed')} + unfinished {doc.get('unfinished')} != requests {doc.get('requests')}"
+        )
     if doc.get("dropped", 0) != 0:
         problems.append(f"dropped {doc['dropped']}")
     gpu = doc.get("gpu_seconds") or 0.0
@@ -105,9 +114,12 @@ def _check_replay(doc: dict[str, Any], requests: int) -> str:
 
 
 def _summary_replay(doc: dict[str, Any]) -> str:
+    p99 = doc["ttft_ms"]["p99"]
     return (
-        f"SLO {doc['slo_attainment']:.1%}, TTFT p99 {doc['ttft_ms']['p99']:,.0f} ms, "
+        f"SLO {doc['slo_attainment']:.1%}, TTFT p99 {'n/a' if p99 is None else f'{p99:,.0f} ms'}, "
         f"{doc['gpu_seconds']:,.0f} GPU-s, {doc['scale_events']} ev"
+        + (f", {doc['unfinished']:,} unfinished" if doc.get("unfinished") else "")
+        + (f", {doc['over_context']:,} over max_model_len" if doc.get("over_context") else "")
     )
 
 
@@ -116,14 +128,16 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
     slo = MOONCAKE_SLO if v.fmt == "mooncake" else []
     timeout = 1800.0 if v.long else 600.0
 
-    def record(entry: str, cmd: list[str], check: Any = None) -> None:
+    def record(entry: str, cmd: list[str], check: Any = None, expect: str | None = None) -> None:
         rc, out, wall, rss, cpu = _timed(cmd, timeout)
-        outcome, note = _classify(rc, out, v.expect)
+        outcome, note = _classify(rc, out, expect or v.expect)
         if outcome == "clear-error" and v.error_line is not None and f":{v.error_line}:" not in out:
             outcome, note = "WRONG", f"error does not name line {v.error_line}: {note}"
         if outcome == "ok" and check is not None:
             problem, summary = check()
             outcome, note = ("WRONG", problem) if problem else ("ok", summary)
+            if outcome == "ok" and "unfinished" in summary:
+                outcome = "UNFINISHED"  # reported, not lost: still queued when the replay's drain limit came
         runs.append(Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), round(rss), note))
         print(
             f"{v.name:34s} {entry:22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
@@ -218,8 +232,10 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
             for name, f in fig["policies"].items():
                 if f.get("error"):
                     bad.append(f"{name}: {f['error'][:80]}")
-                elif f["completed"] != v.requests or f.get("unfinished"):
-                    bad.append(f"{name}: completed {f['completed']}/{v.requests}")
+                elif f["completed"] + (f.get("unfinished") or 0) != v.requests:
+                    bad.append(
+                        f"{name}: completed {f['completed']} + unfinished {f.get('unfinished')}/{v.requests}"
+                    )
                 elif not f["gpu_seconds"] > 0:
                     bad.append(f"{name}: gpu_seconds {f['gpu_seconds']}")
             slo_s = " ".join(
@@ -227,7 +243,9 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
                 for n, f in fig["policies"].items()
                 if f.get("slo_attainment") is not None
             )
-            return "; ".join(bad), slo_s
+            left = {n[:4]: f["unfinished"] for n, f in fig["policies"].items() if f.get("unfinished")}
+            bad.extend(nonsense(doc))
+            return "; ".join(bad), slo_s + (f"; unfinished {left}" if left else "")
 
         record("bench (5 policies)", [str(BIN / "pdscale"), "bench", "-t", str(v.path), "--json", str(out), *slo],
                check_bench)  # fmt: skip
@@ -241,7 +259,142 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
         trace_arg = ["--trace", str(v.path)] if EVALUATE_TAKES_TRACE_OPTION else [str(v.path)]
         cmd = [str(BIN / "train-forecaster"), "evaluate", *trace_arg, "--score-from", score_from,
                "--json", str(out)]  # fmt: skip
-        record("evaluate", cmd, check_eval)
+        # a trace spanning 0 s (or less than the horizon) has no second to score: refusing it is right
+        record("evaluate", cmd, check_eval, expect="error" if v.name in TOO_SHORT_TO_SCORE else None)
+    return runs
+
+
+VALIDATE_REAL_JSON = ROOT / "serving/sim/profiles/validation/code_rows0-119_1rps_quiet.json"
+EXTRA_ENTRIES = ("plan", "controller", "controller-config", "fleet", "tune", "validate")
+
+
+def nonsense(doc: Any, where: str = "") -> list[str]:
+    """JSON paths holding NaN/inf (Python's json writes them as NaN/Infinity) or a negative GPU-s/-hours."""
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in nonsense(v, f"{where}.{k}")]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc[:10_000]) for p in nonsense(v, f"{where}[{i}]")]
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return [f"{where} = {doc}"]
+    if isinstance(doc, int | float) and ("gpu_s" in where or "gpu_h" in where) and doc < 0:
+        return [f"{where} = {doc}"]
+    return []
+
+
+def _accounted(doc: dict[str, Any], where: str) -> list[str]:
+    """completed + unfinished == requests, dropped == 0, GPU-s > 0 in one report (``where`` names it)."""
+    bad = []
+    if doc.get("completed", 0) + doc.get("unfinished", 0) != doc.get("requests"):
+        bad.append(f"{where}: completed {doc.get('completed')} + unfinished {doc.get('unfinished')} != "
+                   f"requests {doc.get('requests')}")  # fmt: skip
+    if doc.get("dropped"):
+        bad.append(f"{where}: dropped {doc['dropped']}")
+    if not (doc.get("gpu_seconds") or 0) > 0:
+        bad.append(f"{where}: gpu_seconds {doc.get('gpu_seconds')}")
+    return bad
+
+
+def _policies_summary(doc: dict[str, Any]) -> str:
+    pols = doc["policies"]
+    return ", ".join(
+        f"{n} {f['requests']:,} req SLO {f['slo_attainment']:.1%} {f['gpu_seconds']:,.0f} GPU-s"
+        + (f" {f['unfinished']:,} unfinished" if f.get("unfinished") else "")
+        for n, f in pols.items()
+    )
+
+
+def _json_check(out: Path, summary: Any = None) -> tuple[str, str]:
+    doc = json.loads(out.read_text())
+    bad = nonsense(doc)
+    if isinstance(doc.get("policies"), dict):  # pdscale controller
+        bad += [b for n, f in doc["policies"].items() for b in _accounted(f, n)]
+    elif "requests" in doc and "completed" in doc:  # pdscale replay --fleet
+        bad += _accounted(doc, "fleet")
+    return ("; ".join(bad[:3]) + (f" (+{len(bad) - 3})" if len(bad) > 3 else "") if bad else "",
+            summary(doc) if summary is not None else "")  # fmt: skip
+
+
+def run_extra(v: Variant, work: Path, entries: set[str]) -> list[Run]:
+    """The other entry points, bounded: `pdscale plan --trace`, `pdscale controller` (embedded default
+    and --config with a simulator trace), `pdscale replay --fleet` (one pool), `pdscale tune` (2 trials,
+    holt), `pdscale sim validate --real-json` (simulator side only). Each JSON is checked for NaN/inf."""
+    runs: list[Run] = []
+    if v.expect == "error":
+        return runs
+    slo = MOONCAKE_SLO if v.fmt == "mooncake" else []
+    pd_ = str(BIN / "pdscale")
+
+    def record(entry: str, cmd: list[str], out: Path, summary: Any = None) -> None:
+        rc, text, wall, rss, cpu = _timed(cmd, 900.0)
+        outcome, note = _classify(rc, text, "ok")
+        if outcome == "ok":
+            if not out.exists():
+                outcome, note = "WRONG", f"no {out.name} written"
+            else:
+                problem, note = _json_check(out, summary)
+                outcome = "WRONG" if problem else "ok"
+                note = problem or note
+        runs.append(Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), round(rss), note))
+        print(
+            f"{v.name:34s} {entry:22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
+            flush=True,
+        )
+
+    if "plan" in entries:
+        out = work / f"{v.name}.plan.json"
+        ttft = "10000" if v.fmt == "mooncake" else "1000"
+        record("plan --trace", [pd_, "plan", "--trace", str(v.path), "--slo-ttft-ms", ttft, "--slo-itl-ms", "50",
+                                "--json", str(out)], out,
+               lambda d: f"{d['prefill']}P + {d['decode']}D = {d['gpus']} GPUs ({d['sizing']})")  # fmt: skip
+    if "controller" in entries:
+        out = work / f"{v.name}.controller.json"
+        cmd = [pd_, "controller", "--trace", str(v.path), "--json", str(out)]  # the whole trace
+        record("controller (default)", cmd, out, _policies_summary)
+    if "controller-config" in entries:
+        cfg = work / f"{v.name}.controller.yaml"
+        cfg.write_text(f"simulator:\n  trace: {v.path}\n  duration_s: 600\n")
+        out = work / f"{v.name}.controller-config.json"
+        record("controller --config", [pd_, "controller", "--config", str(cfg), "--json", str(out)], out,
+               _policies_summary)  # fmt: skip
+    if "fleet" in entries:
+        fleet = work / f"{v.name}.fleet.yaml"
+        ttft_ms = 10000 if v.fmt == "mooncake" else 1000
+        fleet.write_text(
+            f"gpu_budget: 64\npools:\n  - name: unseen\n    profile: llama3-8b/a100\n"
+            f"    trace: {v.path}\n    slo_ttft_ms: {ttft_ms}\n    slo_itl_ms: 50\n"
+            "    prefill: {min: 1, max: 32}\n    decode: {min: 1, max: 32}\n"
+        )
+        out = work / f"{v.name}.fleet.json"
+        record("replay --fleet", [pd_, "replay", "--fleet", str(fleet), "--policy", "reactive", "--json", str(out)],
+               out, lambda d: f"reactive, {d['requests']:,} req SLO {d['slo_attainment']:.1%} {d['gpu_seconds']:,.0f} "
+               "GPU-s")  # fmt: skip
+    if "tune" in entries:
+        out = work / f"{v.name}.tune.json"
+        db = work / f"{v.name}.tune.db"
+        db.unlink(missing_ok=True)
+        cmd = [pd_, "tune", "--trace", str(v.path), "--trials", "2", "--forecaster", "holt", "--duration-s", "300",
+               "--chunks", "1", "--storage", f"sqlite:///{db}", "--study", v.name, "--out",
+               str(work / f"{v.name}.tune.yaml"), "--json", str(out), *slo]  # fmt: skip
+        record(
+            "tune (2 trials)",
+            cmd,
+            out,
+            lambda d: f"{d['trials']['complete']} complete; {d['best']['rule'][:60]}",
+        )
+    if "validate" in entries:
+        out = work / f"{v.name}.validate.json"
+        cmd = [pd_, "sim", "validate", str(v.path), "--real-json", str(VALIDATE_REAL_JSON), "--json", str(out),
+               "--work-dir", str(work / "validate")]  # fmt: skip
+        rc, text, wall, rss, cpu = _timed(cmd, 600.0)
+        outcome, note = _classify(rc, text, "error")  # another trace's recorded run: a refusal is right
+        if rc == 0:
+            problem, _ = _json_check(out)
+            outcome, note = ("WRONG", problem) if problem else ("ok", "slice matches the recorded run")
+        runs.append(
+            Run(v.name, "sim validate --real-json", outcome, round(wall, 1), round(cpu, 1), round(rss), note)
+        )
+        print(f"{v.name:34s} {'sim validate':22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
+              flush=True)  # fmt: skip
     return runs
 
 
@@ -283,20 +436,47 @@ def _score_from(v: Variant) -> str:
         return f"+{int(read_trace(v.path).duration_s // 3)}"
 
 
-def run_fit(v: Variant, work: Path) -> Run:
-    out = work / "fit"
-    cmd = [str(BIN / "train-forecaster"), "fit", "--trace", str(v.path), "--out", str(out), "--epochs", "2",
+def run_fit(v: Variant, work: Path, epochs: int = 2, export: bool = False) -> list[Run]:
+    """`train-forecaster fit` (``epochs``, one torch thread); with ``export``, then `train-forecaster export`
+    of the Lightning .ckpt it wrote. A trace too short to train on must be a clear error (exit 2)."""
+    out = work / f"fit-{v.name}" if v.name != "azure_code_x0.25" else work / "fit"
+    cmd = [str(BIN / "train-forecaster"), "fit", "--trace", str(v.path), "--out", str(out), "--epochs", str(epochs),
            "--threads", "1"]  # fmt: skip
     rc, text, wall, rss, cpu = _timed(cmd, 900.0)
-    outcome, note = _classify(rc, text, "ok")
+    expect = "error" if v.expect == "error" or v.name in TOO_SHORT_TO_FIT else "ok"
+    outcome, note = _classify(rc, text, expect)
     if outcome == "ok" and not (out / "forecaster.safetensors").exists():
         outcome, note = "WRONG", "no forecaster.safetensors written"
-    run = Run(v.name, "fit (2 epochs)", outcome, round(wall, 1), round(cpu, 1), round(rss), note)
+    entry = f"fit ({epochs} epochs)"
+    runs = [Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), round(rss), note)]
     print(
-        f"{v.name:34s} {'fit (2 epochs)':22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
-        flush=True,
+        f"{v.name:34s} {entry:22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}", flush=True
     )
-    return run
+    ckpts = sorted((out / "lightning").rglob("*.ckpt")) if outcome == "ok" else []
+    if export and ckpts:
+        dest = out / "exported.safetensors"
+        rc, text, wall, rss, cpu = _timed(
+            [str(BIN / "train-forecaster"), "export", "--checkpoint", str(ckpts[-1]), "--out", str(dest)],
+            600.0,
+        )
+        outcome, note = _classify(rc, text, "ok")
+        if outcome == "ok" and not dest.exists():
+            outcome, note = "WRONG", f"no {dest.name} written"
+        runs.append(
+            Run(v.name, "export", outcome, round(wall, 1), round(cpu, 1), round(rss), note or ckpts[-1].name)
+        )
+        print(
+            f"{v.name:34s} {'export':22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
+            flush=True,
+        )
+    return runs
+
+
+# hostile variants `fit` must refuse clearly: no span of time to cut windows from
+TOO_SHORT_TO_FIT = ("hostile_one_timestamp", "hostile_single_request")
+# ... and those `evaluate` must refuse: 0 s, or (Mooncake read in ms from a file in seconds) 1 s < the 5-s horizon
+TOO_SHORT_TO_SCORE = (*TOO_SHORT_TO_FIT, "hostile_mooncake_seconds")
+FIT_HOSTILE = ("hostile_silence_1h", "hostile_flash_crowd_x20", *TOO_SHORT_TO_FIT)
 
 
 def plot_speed() -> None:
@@ -328,6 +508,12 @@ def main() -> None:
         "--entries", default="replay:static-peak,replay:reactive,replay:predictive,bench,evaluate,fit"
     )
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--set",
+        choices=("generated", "hostile", "all"),
+        default="generated",
+        help="variants: generated (realistic, from the bundled traces), hostile (edge cases), or all",
+    )
     ap.add_argument(
         "--gateway-queue",
         default="off",
@@ -362,7 +548,9 @@ def main() -> None:
         print(
             "note: `train-forecaster evaluate --trace FILE` (issue 4's spelling) is refused; passing FILE as an argument"
         )
-    variants = build_variants(args.out, long=not args.no_long)
+    variants = [] if args.set == "hostile" else build_variants(args.out, long=not args.no_long)
+    if args.set != "generated":
+        variants += build_hostile_variants(args.out, long=not args.no_long)
     if args.only:
         variants = [v for v in variants if v.name in args.only]
     work = args.out / "runs"
@@ -371,10 +559,14 @@ def main() -> None:
     runs: list[Run] = []
     for v in variants:
         runs.extend(run_variant(v, work, entries, gateways))
+        runs.extend(run_extra(v, work, entries))
     if "fit" in entries:
         small = next((v for v in variants if v.name == "azure_code_x0.25"), None)
         if small is not None:
-            runs.append(run_fit(small, work))
+            runs.extend(run_fit(small, work))
+        for v in variants:
+            if v.name in FIT_HOSTILE:
+                runs.extend(run_fit(v, work, epochs=1, export="export" in entries))
     print(f"\nstarted {started}; load average now {os.getloadavg()[0]:.1f}")
     print("| variant | entry point | outcome | wall s | CPU s | peak RSS MB | figures / message |")
     print("|---|---|---|---|---|---|---|")

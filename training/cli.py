@@ -88,6 +88,11 @@ def _load_sources(
         if not path.is_file():
             raise typer.BadParameter(f"--trace {path}: no such file")
         tr = read_trace(path, fmt)
+        if not tr.duration_s > 0:  # else the checkpoint would learn the synthetic traces alone, silently
+            raise typer.BadParameter(
+                f"--trace {path}: {len(tr):,} request(s), all on one timestamp (the trace spans 0 s): no series "
+                "to learn from; pass a trace that lasts (minutes at least)"
+            )
         sources.append(TraceSource(name=str(path), trace=tr, sha256=sha256_file(path)))
         console.print(
             f"[green]read[/] {path}: {len(tr):,} requests over {tr.duration_s:,.0f} s ({tr.format})"

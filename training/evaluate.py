@@ -75,6 +75,11 @@ def parse_score_from(text: str, trace: Trace) -> float:
     """
     s = text.strip()
     duration = trace.duration_s
+    if not duration > 0:
+        raise EvaluationError(
+            f"trace {trace.source or '<memory>'} spans 0 s ({len(trace):,} request(s), all on one timestamp): "
+            "there is no later second to forecast and score; evaluate needs a trace that lasts"
+        )
     if m := re.fullmatch(r"\+\s*([0-9]*\.?[0-9]+)", s):
         offset = float(m.group(1))
         where = f"+{offset:g} s"

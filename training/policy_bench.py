@@ -127,6 +127,7 @@ class PolicyFigures:
     scale_events: int
     wall_s: float
     error: str | None = None  # the replay failed (e.g. an SLO out of the profile's reach): figures unknown
+    over_context: int = 0  # requests past the profile's max_model_len (served; see serving.sim.report)
 
     @staticmethod
     def failed(policy: str, requests: int, error: str) -> PolicyFigures:
@@ -145,6 +146,7 @@ class PolicyFigures:
             "requests": self.requests,
             "completed": self.completed,
             "unfinished": self.unfinished,
+            "over_context": self.over_context,
             "slo_attainment": clean(self.slo_attainment),
             "ttft_ms": {k: clean(v) for k, v in self.ttft_ms.items()},
             "itl_ms": {k: clean(v) for k, v in self.itl_ms.items()},
@@ -176,6 +178,7 @@ def policy_figures(report: ReplayReport, oracle_gpu_s: float | None) -> PolicyFi
         gpu_ratio_to_oracle=_ratio(report.gpu_seconds, oracle_gpu_s),
         scale_events=report.scale_events,
         wall_s=report.wall_s,
+        over_context=report.over_context,
     )
 
 
@@ -293,6 +296,7 @@ def aggregate(benches: Sequence[TraceBench]) -> dict[str, PolicyFigures]:
             gpu_ratio_to_oracle=_ratio(gpu_s, oracle_gpu_s),
             scale_events=sum(r.scale_events for r in reps),
             wall_s=sum(r.wall_s for r in reps),
+            over_context=sum(r.over_context for r in reps),
         )
     return out
 

@@ -302,6 +302,7 @@ class FleetReplay:
             "completed": sum(r.completed for r in reports),
             "dropped": sum(r.dropped for r in reports),
             "unfinished": sum(r.unfinished for r in reports),
+            "over_context": sum(r.over_context for r in reports),
             "slo_attainment": met / requests if requests else math.nan,
             "gpu_seconds": sum(r.gpu_seconds for r in reports),
             "gpu_hours": sum(r.gpu_seconds for r in reports) / 3600.0,

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -335,7 +336,38 @@ def replay(
         active={r: np.asarray(v, dtype=np.int64) for r, v in active.items()},
         holding_gpu=np.asarray(holding, dtype=np.int64),
     )
-    return sim.report(policy=policy.name, wall_s=time.perf_counter() - wall0, timeline=timeline)
+    report = sim.report(policy=policy.name, wall_s=time.perf_counter() - wall0, timeline=timeline)
+    return replace(report, over_context=over_context(sim))
+
+
+def over_context(sim: Simulator) -> int:
+    """Requests whose prompt + output exceeds their pool profile's ``max_model_len``; one warning names
+    the first of them per pool (a real vLLM server would refuse them; the simulator serves them)."""
+    total = 0
+    for pool in sim.pools:
+        trace = sim.traces.get(pool.spec.name)
+        limit = getattr(pool.profile, "max_model_len", None)  # a custom profile may not say
+        if trace is None or not len(trace) or limit is None:
+            continue
+        limit = int(limit)
+        over = np.flatnonzero(trace.prompt_tokens + trace.output_tokens > limit)
+        if len(over):
+            i = int(over[0])
+            warnings.warn(
+                f"{trace.source or 'trace'} (pool {pool.spec.name!r}): {len(over):,} of {len(trace):,} requests "
+                f"need more than max_model_len = {limit:,} tokens of profile {pool.spec.profile!r} (the first, "
+                f"request {i} in arrival order: {int(trace.prompt_tokens[i]):,} prompt + "
+                f"{int(trace.output_tokens[i]):,} output tokens); a real vLLM server refuses them (HTTP 400), "
+                "the simulator serves them; counted as over_context in the report",
+                OverContextWarning,
+                stacklevel=3,
+            )
+        total += len(over)
+    return total
+
+
+class OverContextWarning(UserWarning):
+    """Requests past the profile's context window were replayed anyway (see :func:`over_context`)."""
 
 
 def _counts(sim: Simulator) -> dict[str, dict[str, dict[str, int]]]:

@@ -268,6 +268,7 @@ def replay_cmd(
     rows = [
         ("requests / completed / dropped", f"{report.requests:,} / {report.completed:,} / {report.dropped}"),
         ("unfinished", f"{report.unfinished:,}"),
+        *([("over max_model_len (served anyway)", f"{report.over_context:,}")] if report.over_context else []),
         ("TTFT ms p50 / p90 / p99", _ms(report.ttft_ms)),
         ("ITL ms (per-request mean) p50 / p90 / p99", _ms(report.itl_ms)),
         (f"SLO attainment (TTFT≤{fleet.pools[0].slo_ttft_ms:g}, ITL≤{fleet.pools[0].slo_itl_ms:g} ms)",

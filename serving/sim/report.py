@@ -13,6 +13,8 @@ Definitions (fixed here so that every policy is judged alike):
   activating, active, draining).
 - ``dropped`` is always 0: the simulator queues, it never drops; ``unfinished`` counts requests that had
   not completed when the replay stopped (see ``drain`` in :func:`serving.sim.replay.replay`).
+- ``over_context``: requests whose prompt + output exceeds their pool profile's ``max_model_len`` (a real
+  vLLM server refuses them with HTTP 400); the simulator serves them as if it did not, and says how many.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class ReplayReport:
     request_itl_ms: np.ndarray = field(repr=False)
     timeline: Timeline | None = field(default=None, repr=False)
     dropped: int = 0
+    over_context: int = 0
 
     def to_json(self) -> dict[str, Any]:
         def clean(x: Any) -> Any:
@@ -85,6 +88,7 @@ class ReplayReport:
             "completed": self.completed,
             "dropped": self.dropped,
             "unfinished": self.unfinished,
+            "over_context": self.over_context,
             "ttft_ms": self.ttft_ms,
             "itl_ms": self.itl_ms,
             "e2e_ms": self.e2e_ms,

@@ -45,14 +45,33 @@ def error_at(
     path: Path, fmt: str, header: list[str], line: int, fallback: str = "malformed row"
 ) -> TraceError:
     text = F.raw_line(path, line)
+    if not text.strip():
+        return blank_then_text(path, line)
     problem = F.diagnose_line(fmt, header, text)
     shown = text if len(text) <= 200 else text[:197] + "..."
     return TraceError(path, line, problem if problem is not None else f"{fallback}: {shown!r}")
 
 
+def blank_then_text(path: Path, blank_line: int) -> TraceError:
+    """A blank line at ``blank_line`` with more text after it: the error names the blank line and shows the
+    first non-blank line after it (often a summary or comment an export tool appended)."""
+    for number, text in F.raw_lines(path, blank_line + 1):
+        if text.strip():
+            shown = text if len(text) <= 80 else text[:77] + "..."
+            return TraceError(
+                path,
+                blank_line,
+                f"blank line, then more text on line {number}: {shown!r}; blank lines are allowed only at the end "
+                f"of the file (if the lines from {number} on are not records, delete them)",
+            )
+    return TraceError(path, blank_line, "blank line (blank lines are allowed only at the end of the file)")
+
+
 def first_bad_from(path: Path, fmt: str, header: list[str], start_line: int, cause: str) -> TraceError:
     """Scan lines from ``start_line`` for the first one that is wrong on its own (error path only)."""
     for number, text in F.raw_lines(path, start_line):
+        if not text.strip():
+            return blank_then_text(path, number)
         problem = F.diagnose_line(fmt, header, text)
         if problem is not None:
             return TraceError(path, number, problem)

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from serving.workload import formats as F
-from serving.workload.chunks import RawChunk, counts, error_at, first_bad_from, seconds
+from serving.workload.chunks import RawChunk, blank_then_text, counts, error_at, first_bad_from, seconds
 from serving.workload.errors import TraceError, TraceWarning
 
 
@@ -61,7 +61,7 @@ def _csv_frames(
             n = len(df)
             blank: np.ndarray = np.asarray(df.isna().to_numpy().all(axis=1))
             if pending_blank and not blank.all():
-                raise error_at(path, fmt, header, pending_blank)
+                raise blank_then_text(path, pending_blank)
             if blank.any():
                 i = int(np.argmax(blank))
                 if blank[i:].all():

@@ -66,6 +66,22 @@ def raw_line(path: Path, line: int) -> str:
     return ""
 
 
+_COMPRESSED: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip-compressed"),
+    (b"BZh", "bzip2-compressed"),
+    (b"\xfd7zXZ\x00", "xz-compressed"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+    (b"PK\x03\x04", "zip archive"),
+)
+_UNPACK = {
+    "gzip-compressed": "gunzip -k",
+    "bzip2-compressed": "bunzip2 -k",
+    "xz-compressed": "unxz -k",
+    "zstd-compressed": "unzstd",
+    "zip archive": "unzip",
+}
+
+
 def first_line(path: Path) -> str:
     """The first line of the file without BOM and line ending; raises ``TraceError`` if the file is empty."""
     try:
@@ -75,6 +91,14 @@ def first_line(path: Path) -> str:
         raise TraceError(path, None, "no such file") from None
     except IsADirectoryError:
         raise TraceError(path, None, "is a directory, not a trace file") from None
+    packed = next((kind for magic, kind in _COMPRESSED if raw.startswith(magic)), None)
+    if packed is not None:
+        raise TraceError(
+            path,
+            None,
+            f"is a {packed} file, not a trace: decompress it first ({_UNPACK[packed]} {path}) and pass "
+            "the decompressed .csv / .jsonl",
+        )
     text = raw.decode("utf-8", errors="replace").removeprefix("\ufeff").rstrip("\r\n")
     if not text.strip():
         raise TraceError(
@@ -101,6 +125,16 @@ def detect_format(path: str | Path) -> str:
     if columns >= set(AZURE_COLUMNS):
         return AZURE
     shown = line if len(line) <= 120 else line[:117] + "..."
+    for fmt, expected in CSV_COLUMNS.items():  # a known header with columns missing: say which
+        if TIME_COLUMN[fmt] in columns and len(columns & set(expected)) >= 2:
+            missing = [c for c in expected if c not in columns]
+            raise TraceError(
+                p,
+                1,
+                f"the header looks like the {fmt!r} format but lacks column(s) {missing}: first line is "
+                f"{shown!r}; the {fmt!r} format needs {','.join(expected)} (in any order; extra columns are "
+                "ignored)",
+            )
     raise TraceError(p, 1, f"unknown trace format: first line is {shown!r}; {FORMATS_HELP}")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import warnings
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -14,8 +16,13 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from serving.workload import formats as F
-from serving.workload.chunks import RawChunk
-from serving.workload.errors import TraceError
+from serving.workload.chunks import RawChunk, blank_then_text
+from serving.workload.errors import TraceError, TraceWarning
+
+# more than this many records per second on average (and at least SECONDS_SUSPECT_MIN_ROWS of them): the
+# timestamps are probably seconds, not Mooncake's milliseconds; a warning says so
+SECONDS_SUSPECT_RPS = 1000.0
+SECONDS_SUSPECT_MIN_ROWS = 100
 
 _MOONCAKE_SCHEMA = pa.schema(
     [
@@ -63,6 +70,8 @@ def _mooncake_slow(path: Path, first_line: int, lines: list[bytes]) -> tuple[tup
     nonblank = [i for i, t in enumerate(texts) if t.strip()]
     keep = nonblank[-1] + 1 if nonblank else 0
     for i, text in enumerate(texts[:keep]):
+        if not text.strip():
+            raise blank_then_text(path, first_line + i)
         problem = F.diagnose_line(F.MOONCAKE, [], text)
         if problem is not None:
             raise TraceError(path, first_line + i, problem)
@@ -79,6 +88,7 @@ def _mooncake_slow(path: Path, first_line: int, lines: list[bytes]) -> tuple[tup
 def mooncake_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
     F.first_line(path)  # empty-file check
     line, rows, pending_blank = 1, 0, 0
+    lo_ms, hi_ms = math.inf, -math.inf
     with path.open("rb") as f:
         while lines := list(islice(f, chunk_rows)):
             fast = _mooncake_fast(lines)
@@ -87,13 +97,21 @@ def mooncake_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
             else:
                 arrays, keep = _mooncake_slow(path, line, lines)
             if pending_blank and keep:
-                raise TraceError(path, pending_blank, F.diagnose_line(F.MOONCAKE, [], "") or "blank line")
+                raise blank_then_text(path, pending_blank)
             if keep < len(lines):
                 pending_blank = pending_blank or line + keep
             if keep:
                 ts, prompt, output, blocks = arrays
                 rows += keep
+                lo_ms, hi_ms = min(lo_ms, float(ts.min())), max(hi_ms, float(ts.max()))
                 yield RawChunk(line, ts / 1000.0, prompt, output, extra={"prefix_blocks": blocks})
             line += len(lines)
     if rows == 0:
         raise TraceError(path, None, "empty file: only blank lines, no records")
+    span_s = (hi_ms - lo_ms) / 1000.0
+    if rows >= SECONDS_SUSPECT_MIN_ROWS and rows > SECONDS_SUSPECT_RPS * span_s:
+        msg = (
+            f"{rows} records within {span_s:.6g} s ({rows / max(span_s, 1e-3):,.0f} req/s): Mooncake timestamps "
+            f"are milliseconds; if this file's are seconds, multiply them by 1000 (read as written)"
+        )
+        warnings.warn(TraceWarning(path, 1, rows, msg), stacklevel=2)

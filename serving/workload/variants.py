@@ -289,3 +289,167 @@ def build_variants(out_dir: Path, *, long: bool = True, seed: int = 0) -> list[V
 def _tz_suffixed(line: bytes) -> bytes:
     stamp, rest = line.split(b",", 1)
     return stamp + b"+00:00," + rest
+
+
+# ---- hostile variants: edge cases real traffic and real files produce ------------------------------------
+
+MAX_CONTEXT_PROBE_TOKENS = 200_000  # beyond every shipped profile's context window
+
+
+def _steady(duration_s: float, rate_rps: float, seed: int) -> Trace:
+    params = SyntheticParams(
+        duration_s=duration_s,
+        rate_rps=rate_rps,
+        burst_multiplier=1.0,
+        prompt=LengthDist(median_tokens=900.0, sigma=1.0, max_tokens=16_384),
+        output=LengthDist(median_tokens=120.0, sigma=1.0, max_tokens=2048),
+        grid_s=0.5 if duration_s > 7200 else 0.1,
+    )
+    return generate(params, seed=seed)
+
+
+def flash_crowd(base: Trace, at_s: float, factor: float, hold_s: float, seed: int) -> Trace:
+    """``base`` with its rate × ``factor`` from ``at_s`` (a step within one second) for ``hold_s`` seconds:
+    extra requests, lengths resampled from ``base``, uniform in the window."""
+    rng = np.random.default_rng(seed)
+    n = len(base)
+    rate = n / max(base.duration_s, 1.0)
+    extra = rng.poisson((factor - 1.0) * rate * hold_s)
+    pick = rng.integers(0, n, extra)
+    t = np.concatenate([base.arrival_s, at_s + rng.uniform(0.0, hold_s, extra)])
+    order = np.argsort(t, kind="stable")
+    prompt = np.concatenate([base.prompt_tokens, base.prompt_tokens[pick]])[order]
+    output = np.concatenate([base.output_tokens, base.output_tokens[pick]])[order]
+    return replace(Trace.from_arrays(t[order], prompt, output), start_time=base.start_time)
+
+
+def silence_between(first: Trace, second: Trace, gap_s: float) -> Trace:
+    """``first``, then nothing for ``gap_s`` seconds, then ``second``."""
+    t = np.concatenate([first.arrival_s, first.duration_s + gap_s + second.arrival_s - second.arrival_s[0]])
+    return replace(
+        Trace.from_arrays(
+            t,
+            np.concatenate([first.prompt_tokens, second.prompt_tokens]),
+            np.concatenate([first.output_tokens, second.output_tokens]),
+        ),
+        start_time=first.start_time,
+    )
+
+
+def _azure_rows(trace: Trace, stamp: Callable[[pd.Timestamp], str]) -> list[bytes]:
+    start = pd.Timestamp(trace.start_time if trace.start_time is not None else "2023-11-16 18:00:00")
+    times = start + pd.to_timedelta(np.round(trace.arrival_s * 1e7) * 100, unit="ns")
+    rows = [b"TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [
+        f"{stamp(t)},{p},{o}".encode()
+        for t, p, o in zip(times, trace.prompt_tokens.tolist(), trace.output_tokens.tolist(), strict=True)
+    ]
+    return rows
+
+
+def build_hostile_variants(out_dir: Path, *, long: bool = True, seed: int = 0) -> list[Variant]:
+    """Edge cases of traffic and of files (issues 3, 4, 5): silences, a flash crowd, a compressed day,
+    prompts past the context window, 0/1-token outputs, one timestamp for every row, timestamps in other
+    zones and spellings, trailing garbage, a header-only file, a gzip'd file, missing columns/fields, and
+    (``long``) 10 h at 1 req/s. ``expect`` is what the readers must do; what the simulator does with the
+    accepted ones (e.g. prompts past the context window) is the entry points' business."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    code = read_trace(bundled(CODE_TRACE))
+    moon = read_trace(bundled(MOONCAKE_TRACE))
+    vs: list[Variant] = []
+
+    def add(name: str, fmt: str, description: str, ext: str | None = None, **kw: object) -> Path:
+        path = out_dir / f"{name}.{ext or ('jsonl' if fmt == F.MOONCAKE else 'csv')}"
+        vs.append(Variant(name, fmt, path, description, **kw))  # type: ignore[arg-type]
+        return path
+
+    ten = code.window(0.0, 600.0)
+    silent = silence_between(ten, code.window(600.0, 1200.0), 3600.0)
+    write_trace(silent, add("hostile_silence_1h", F.AZURE, "10 min of code, 1 h of nothing, 10 min more",
+                            expect="ok", requests=len(silent)), F.AZURE)  # fmt: skip
+    quiet = _steady(900.0, 2.0, seed)
+    crowd = flash_crowd(quiet, 300.0, 20.0, 60.0, seed)
+    write_trace(crowd, add("hostile_flash_crowd_x20", F.AZURE, "2 req/s, then ×20 within one second for 60 s",
+                           expect="ok", requests=len(crowd)), F.AZURE)  # fmt: skip
+    day = _synthetic_hours(1800.0, 4.0, 0.0, seed + 3)
+    params = SyntheticParams(duration_s=1800.0, rate_rps=4.0, burst_multiplier=1.0, diurnal_amplitude=0.8,
+                             diurnal_period_s=1800.0, diurnal_phase_s=-450.0, grid_s=0.1)  # fmt: skip
+    day = generate(params, seed=seed + 3)
+    write_trace(day, add("hostile_day_in_30min", F.AZURE, "a diurnal day (±80 %) compressed into 30 min",
+                         expect="ok", requests=len(day)), F.AZURE)  # fmt: skip
+    over = ten.take(slice(None))
+    prompts = over.prompt_tokens.copy()
+    prompts[::50] = MAX_CONTEXT_PROBE_TOKENS
+    over = replace(over, prompt_tokens=prompts)
+    write_trace(over, add("hostile_prompt_over_context", F.AZURE, f"10 min of code, every 50th prompt "
+                          f"{MAX_CONTEXT_PROBE_TOKENS:,} tokens (past the context window)", expect="ok",
+                          requests=len(over)), F.AZURE)  # fmt: skip
+    tiny = replace(ten, output_tokens=(np.arange(len(ten)) % 2).astype(ten.output_tokens.dtype))
+    write_trace(tiny, add("hostile_output_0_or_1", F.AZURE, "10 min of code, outputs of 0 and 1 token",
+                          expect="ok", requests=len(tiny)), F.AZURE)  # fmt: skip
+    p = add("hostile_one_timestamp", F.AZURE, "500 requests, all on the same timestamp (duration 0)",
+            expect="ok", requests=500)  # fmt: skip
+    _write_lines(p, [b"TIMESTAMP,ContextTokens,GeneratedTokens"]
+                 + [f"2023-11-16 18:00:00.0000000,{800 + i},{50 + i % 7}".encode() for i in range(500)])  # fmt: skip
+    p = add("hostile_single_request", F.AZURE, "one request", expect="ok", requests=1)
+    _write_lines(p, [b"TIMESTAMP,ContextTokens,GeneratedTokens", b"2023-11-16 18:00:00.0000000,1000,100"])
+    # timestamps as other exporters write them --------------------------------------------------------
+    p = add("hostile_iso_T_Z", F.AZURE, "ISO 8601 with T and Z (UTC)", expect="ok", requests=len(ten))
+    _write_lines(p, _azure_rows(ten, lambda t: t.strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"))
+    p = add("hostile_offset_0530", F.AZURE, "local times at +05:30", expect="ok", requests=len(ten))
+    _write_lines(p, _azure_rows(ten, lambda t: (t + pd.Timedelta(hours=5.5)).strftime("%Y-%m-%d %H:%M:%S.%f")
+                                + "+05:30"))  # fmt: skip
+    dst = replace(
+        ten, start_time=pd.Timestamp("2024-03-31 00:55:00")
+    )  # Europe/Berlin: +01:00 -> +02:00 at 01:00
+    p = add("hostile_dst_change", F.AZURE, "Berlin local times across the spring DST change (+01:00, +02:00)",
+            expect="ok", requests=len(ten))  # fmt: skip
+    _write_lines(p, _azure_rows(dst, lambda t: t.tz_localize("UTC").tz_convert("Europe/Berlin").isoformat()))
+    p = add("hostile_whole_seconds", F.AZURE, "timestamps without a fraction (whole seconds, duplicates)",
+            expect="ok", requests=len(ten))  # fmt: skip
+    _write_lines(p, _azure_rows(ten, lambda t: t.strftime("%Y-%m-%d %H:%M:%S")))
+    p = add("hostile_mooncake_seconds", F.MOONCAKE, "Mooncake with timestamps in seconds instead of ms",
+            expect="ok", requests=len(moon))  # fmt: skip
+    write_trace(moon, p, F.MOONCAKE)
+    _write_lines(p, [_ms_to_s(line) for line in _lines(p)])
+    # broken files --------------------------------------------------------------------------------------
+    p = add("hostile_trailing_garbage", F.AZURE, "code (10 min) then a summary line an export tool added",
+            expect="error", requests=0, error_line=len(ten) + 2)  # fmt: skip
+    write_trace(ten, p, F.AZURE)
+    _write_lines(p, [*_lines(p), b"", b"# exported 2023-11-17 by trace-tool; rows: 0"])
+    p = add("hostile_header_only", F.AZURE, "a header and no rows", expect="error", requests=0)
+    _write_lines(p, [b"TIMESTAMP,ContextTokens,GeneratedTokens"])
+    p = add("hostile_gzip", F.AZURE, "code (10 min) gzip'd, as downloaded", ext="csv.gz", expect="error",
+            requests=0)  # fmt: skip
+    write_trace(ten, out_dir / "hostile_gzip.plain.csv", F.AZURE)
+    import gzip
+
+    p.write_bytes(gzip.compress((out_dir / "hostile_gzip.plain.csv").read_bytes(), mtime=0))
+    (out_dir / "hostile_gzip.plain.csv").unlink()
+    p = add("hostile_missing_column", F.AZURE, "Azure CSV without GeneratedTokens", expect="error",
+            requests=0, error_line=1)  # fmt: skip
+    write_trace(ten, p, F.AZURE)
+    _write_lines(p, [line.rsplit(b",", 1)[0] for line in _lines(p)])
+    p = add("hostile_burstgpt_no_total", F.BURSTGPT, "BurstGPT CSV without Total tokens", expect="error",
+            requests=0, error_line=1)  # fmt: skip
+    write_trace(ten, p, F.BURSTGPT)
+    lines = _lines(p)
+    k = lines[0].split(b",").index(b"Total tokens")
+    _write_lines(p, [b",".join(c for i, c in enumerate(line.split(b",")) if i != k) for line in lines])
+    p = add("hostile_mooncake_missing_field", F.MOONCAKE, "Mooncake, line 7 without output_length",
+            expect="error", requests=0, error_line=7)  # fmt: skip
+    write_trace(moon, p, F.MOONCAKE)
+    lines = _lines(p)
+    lines[6] = lines[6].replace(b', "output_length"', b', "output_len"')
+    _write_lines(p, lines)
+    if long:
+        ten_h = at_start(_steady(36_000.0, 1.0, seed + 4), LATER_DAY.normalize())
+        write_trace(ten_h, add("hostile_10h_1rps", F.AZURE, "10 h at 1 req/s", expect="ok",
+                               requests=len(ten_h), long=True), F.AZURE)  # fmt: skip
+    return vs
+
+
+def _ms_to_s(line: bytes) -> bytes:
+    head, rest = line.split(b",", 1)
+    key, value = head.split(b":", 1)
+    return key + b": " + repr(float(value) / 1000.0).encode() + b"," + rest

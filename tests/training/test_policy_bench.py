@@ -36,6 +36,7 @@ FIGURE_KEYS = {
     "requests",
     "completed",
     "unfinished",
+    "over_context",
     "slo_attainment",
     "ttft_ms",
     "itl_ms",

@@ -99,7 +99,8 @@ def test_missing_or_repeated_column_is_refused(tmp_path: Path) -> None:
         TraceError, match=r":1: header does not match the 'azure' format: missing columns \[\]"
     ):
         read_trace(write(tmp_path, "a.csv", [f"{AZ_HEADER},ContextTokens", f"{AZ_ROWS[0]},1"]), fmt="azure")
-    with pytest.raises(TraceError, match=r":1: unknown trace format"):
+    with pytest.raises(TraceError, match=r":1: the header looks like the 'azure' format but lacks column\(s\) "
+                       r"\['GeneratedTokens'\]"):  # fmt: skip
         read_trace(write(tmp_path, "b.csv", ["TIMESTAMP,ContextTokens", "2024-05-14 08:00:00,1"]))
 
 
