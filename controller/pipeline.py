@@ -163,8 +163,15 @@ class LengthTracker:
     In either state the measurement is a floor of the mean output, so the estimate may rise but not fall
     (``output_ewma = max(previous, new EWMA)``); elsewhere it is the plain EWMA. Per-sequence evidence
     (running × token rate) cannot lift it further: by Little's law it equals gen_tps and is capped alike.
-    The hold errs on the safe side (more decode while unsure) and lasts only while the fleet is full or one
-    lifetime: a pool whose outputs really shrink is followed again as soon as decode has headroom.
+
+    While capped, a second reading can: tokens per request *admitted to decode* (completions/s plus the
+    change in running sequences), both smoothed alike. A saturated fleet admits requests only as fast as it
+    finishes them, so numerator and denominator are capped together and their ratio is the mean output of
+    what decode serves, whatever the queue in front of it (a cold sinusoid: ~1,000 where the per-arrival
+    ratio reads ~350). It needs ``completion_rps`` (vllm:request_success_total; skipped when NaN) and is used
+    only as a further floor while capped: outside saturation a falling fleet (running shrinking) would bias it
+    high. The hold errs on the safe side (more decode while unsure) and lasts only while the fleet is full or
+    one lifetime: a pool whose outputs really shrink is followed again as soon as decode has headroom.
     """
 
     prompt_ewma: float = math.nan
@@ -172,9 +179,10 @@ class LengthTracker:
     arrivals_ewma: float = math.nan  # over ticks with arrivals only: the per-arrival denominator, not a rate
     rate: RateTracker = field(default_factory=lambda: RateTracker(LENGTH_HALFLIFE_S))  # idle seconds included
     seen_s: float = 0.0  # seconds with arrivals seen so far
-    lifetime_s: float = (
-        math.nan
-    )  # a request's decode lifetime: output ÷ per-sequence token rate (NaN: unknown)
+    lifetime_s: float = math.nan  # a request's decode lifetime: output ÷ token rate per sequence
+    decode_gen_ewma: float = math.nan  # generation tokens/s, ticks with a known admission rate only
+    admitted_ewma: float = math.nan  # requests admitted to decode per second: completions + Δrunning/dt
+    last_running: float = math.nan
 
     @property
     def rate_ewma(self) -> float:
@@ -186,10 +194,29 @@ class LengthTracker:
         """Fewer seconds of arrivals seen than one request lifetime (or the lifetime is unknown)."""
         return not (math.isfinite(self.lifetime_s) and self.seen_s >= self.lifetime_s)
 
-    def update(self, load: PoolLoad, dt_s: float, *, capped: bool = False) -> None:
-        """Fold one scrape in; ``capped``: the decode fleet is saturated, so gen_tps is a floor of the load."""
+    def _per_admitted(self, load: PoolLoad, dt_s: float, a: float) -> float:
+        """Generation tokens per request admitted to decode, smoothed (NaN until completions are known)."""
+        running, prev = load.running, self.last_running
+        self.last_running = running
+        known = (load.completion_rps, load.gen_tps, running, prev, dt_s)
+        if not all(math.isfinite(v) for v in known) or dt_s <= 0:
+            return math.nan
+        admitted = load.completion_rps + (running - prev) / dt_s
+        if math.isnan(self.admitted_ewma):
+            self.admitted_ewma = admitted
+            self.decode_gen_ewma = load.gen_tps
+        else:
+            self.admitted_ewma += a * (admitted - self.admitted_ewma)
+            self.decode_gen_ewma += a * (load.gen_tps - self.decode_gen_ewma)
+        return self.decode_gen_ewma / self.admitted_ewma if self.admitted_ewma > 0 else math.nan
+
+    def update(self, load: PoolLoad, dt_s: float, *, capped: bool = False, mode: str = "admitted") -> None:
+        """Fold one scrape in; ``capped``: the decode fleet is saturated, so gen_tps is a floor of the load.
+        ``mode`` (``PolicyConfig.output_floor``): 'admitted' = both floors, 'held' = no tokens-per-admitted
+        floor, 'off' = the plain EWMA."""
         a = 1.0 - 0.5 ** (dt_s / LENGTH_HALFLIFE_S)
         self.rate.update(load.arrival_rps, dt_s)
+        per_admitted = self._per_admitted(load, dt_s, a)
         if not (math.isfinite(load.arrival_rps) and load.arrival_rps > 0):
             return
 
@@ -201,7 +228,7 @@ class LengthTracker:
         self.prompt_ewma = ewma(self.prompt_ewma, load.mean_prompt_tokens)
         self.arrivals_ewma = ewma(self.arrivals_ewma, load.arrival_rps)
         if math.isfinite(load.gen_tps):
-            floor = capped or self.warming
+            floor = mode != "off" and (capped or self.warming)
             gen_per_arrival = ewma(self.output_ewma * self.arrivals_ewma, load.gen_tps)
             new = gen_per_arrival / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
             self.output_ewma = (
@@ -209,6 +236,8 @@ class LengthTracker:
             )
             if math.isfinite(load.running) and load.running > 0 and load.gen_tps > 0:
                 self.lifetime_s = self.output_ewma * load.running / load.gen_tps
+            if mode == "admitted" and capped and math.isfinite(per_admitted):
+                self.output_ewma = max(self.output_ewma, per_admitted)
         self.seen_s += dt_s
 
 
@@ -385,9 +414,9 @@ class Pipeline:
         vanished = self._vanished(samples)
         loads = self.aggregator.update(samples, self.pools)
         for name, load in loads.items():
-            self.tracks[name].lengths.update(
-                load, dt, capped=self._decode_capped(self.tracks[name], load, counts[name])
-            )
+            track = self.tracks[name]
+            capped = self._decode_capped(track, load, counts[name])
+            track.lengths.update(load, dt, capped=capped, mode=track.setup.policy.output_floor)
             self.tracks[name].burst.update(load.arrival_rps, dt)
         forecasts, error = self._forecast(loads, now_s)
         decisions = {}

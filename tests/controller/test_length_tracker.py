@@ -5,14 +5,18 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.pipeline import LengthTracker, Pipeline, PoolCounts
-from controller.sources.aggregate import PoolLoad
+from controller.sources.aggregate import LoadAggregator, PoolLoad
+from serving.sim import samples as s
 
 
-def _load(arrival_rps: float, gen_tps: float, running: float = 10.0) -> PoolLoad:
+def _load(
+    arrival_rps: float, gen_tps: float, running: float = 10.0, completion_rps: float = math.nan
+) -> PoolLoad:
     nan = math.nan
     return PoolLoad(
         pool="p",
@@ -30,6 +34,7 @@ def _load(arrival_rps: float, gen_tps: float, running: float = 10.0) -> PoolLoad
         itl_p90_s=nan,
         mean_prompt_tokens=100.0,
         complete=True,
+        completion_rps=completion_rps,
     )
 
 
@@ -136,3 +141,69 @@ def test_pipeline_flags_a_saturated_decode_fleet() -> None:
     room = Pipeline._decode_capped(_Track(), _load(1.0, 100.0, running=179.0), counts)  # type: ignore[arg-type]
     none = Pipeline._decode_capped(_Track(), _load(1.0, 100.0, running=math.nan), counts)  # type: ignore[arg-type]
     assert (full, room, none) == (True, False, False)
+
+
+def test_saturated_cold_pool_reads_tokens_per_admitted_request() -> None:
+    """One full decode instance: 1,000 tokens/s over 50 running sequences, one 1,000-token request finishing
+    a second, while arrivals climb to 8/s. Per arrival that reads ~125-330 tokens; per admitted request 1,000."""
+    modes = {m: LengthTracker() for m in ("admitted", "held", "off")}
+    for k in range(300):
+        arr = 3.0 + 5.0 * k / 300
+        for mode, t in modes.items():
+            t.update(_load(arr, 1000.0, running=50.0, completion_rps=1.0), 1.0, capped=k > 0, mode=mode)
+    assert math.isclose(modes["admitted"].output_ewma, 1000.0, rel_tol=0.02)
+    assert modes["held"].output_ewma < 400.0
+    assert modes["off"].output_ewma < modes["held"].output_ewma
+
+
+def test_admitted_reading_is_unused_outside_saturation_and_without_completions() -> None:
+    a, b = LengthTracker(), LengthTracker()
+    for _ in range(300):
+        a.update(_load(2.0, 1000.0, running=20.0, completion_rps=0.5), 1.0)  # a falling fleet: reads 2,000
+        b.update(_load(2.0, 1000.0, running=20.0), 1.0, capped=True)  # no completion counter
+    assert math.isclose(a.output_ewma, 500.0, rel_tol=1e-6)
+    assert math.isclose(b.output_ewma, 500.0, rel_tol=1e-6)
+
+
+def test_off_is_the_plain_ewma() -> None:
+    t, plain = LengthTracker(), LengthTracker()
+    plain.seen_s, plain.lifetime_s = math.inf, 0.0
+    for k in range(100):
+        load = _load(1.0 + k % 7, 300.0 * (k % 5), running=30.0, completion_rps=0.3)
+        t.update(load, 1.0, capped=k % 2 == 0, mode="off")
+        plain.update(load, 1.0, mode="off")
+        assert t.output_ewma == plain.output_ewma or (
+            math.isnan(t.output_ewma) and math.isnan(plain.output_ewma)
+        )
+
+
+def _scrape(now_s: float, success: list[float] | None) -> s.InstanceSamples:
+    counters = {
+        s.PROMPT_TOKENS_TOTAL: np.array([100.0 * now_s, 0.0]),
+        s.GENERATION_TOKENS_TOTAL: np.array([0.0, 50.0 * now_s]),
+        s.ROUTER_REQUESTS_TOTAL: np.array([now_s, 0.0]),
+    }
+    if success is not None:
+        counters[s.REQUEST_SUCCESS_TOTAL] = np.asarray(success)
+    return s.InstanceSamples(
+        now_s=now_s,
+        instance_ids=("p0", "d0"),
+        pools=("default", "default"),
+        roles=("prefill", "decode"),
+        nodes=("p0", "d0"),
+        states=("active", "active"),
+        gauges={s.NUM_REQUESTS_RUNNING: np.array([0.0, 3.0]), s.NUM_REQUESTS_WAITING: np.zeros(2)},
+        counters=counters,
+    )
+
+
+def test_aggregator_counts_completions_on_decode_instances_only() -> None:
+    agg = LoadAggregator()
+    agg.update(_scrape(10.0, [7.0, 4.0]), ["default"])
+    load = agg.update(_scrape(12.0, [9.0, 8.0]), ["default"])[
+        "default"
+    ]  # a prefill hand-off is no completion
+    assert load.completion_rps == 2.0
+    bare = LoadAggregator()
+    bare.update(_scrape(10.0, None), ["default"])
+    assert math.isnan(bare.update(_scrape(12.0, None), ["default"])["default"].completion_rps)
