@@ -148,21 +148,75 @@ class RateTracker:
 
 @dataclass
 class LengthTracker:
-    """Smoothed mean prompt and output lengths of one pool (output ≈ generation tokens per arrival)."""
+    """Smoothed mean prompt and output lengths of one pool (output ≈ generation tokens per arrival).
+
+    The output length is read as generation tokens/s ÷ arrivals/s, which is the mean output only in steady
+    state. Two states bias it low, never high:
+
+    - **warm-up**: a request generates over its whole lifetime, so for the first lifetime of traffic the
+      tokens/s measured lag the arrivals that will produce them (a cold pool's first rise reads ~330 tokens
+      of ~1,000). The tracker is warming while the seconds with arrivals it has seen are fewer than one
+      request lifetime, estimated as output ÷ per-sequence token rate (gen_tps ÷ running), or unknown;
+    - **capped**: while the decode fleet is saturated (``stages.decode_saturated``: running ≥ 90 % of its
+      sequence capacity), gen_tps is the fleet's throughput, not the load's, and arrivals still rise.
+
+    In either state the measurement is a floor of the mean output, so the estimate may rise but not fall
+    (``output_ewma = max(previous, new EWMA)``); elsewhere it is the plain EWMA. Per-sequence evidence
+    (running × token rate) cannot lift it further: by Little's law it equals gen_tps and is capped alike.
+
+    While capped, a second reading can: tokens per request *admitted to decode* (completions/s plus the
+    change in running sequences), both smoothed alike. A saturated fleet admits requests only as fast as it
+    finishes them, so numerator and denominator are capped together and their ratio is the mean output of
+    what decode serves, whatever the queue in front of it (a cold sinusoid: ~1,000 where the per-arrival
+    ratio reads ~350). It needs ``completion_rps`` (vllm:request_success_total; skipped when NaN) and is used
+    only as a further floor while capped: outside saturation a falling fleet (running shrinking) would bias it
+    high. The hold errs on the safe side (more decode while unsure) and lasts only while the fleet is full or
+    one lifetime: a pool whose outputs really shrink is followed again as soon as decode has headroom.
+    """
 
     prompt_ewma: float = math.nan
     output_ewma: float = math.nan
     arrivals_ewma: float = math.nan  # over ticks with arrivals only: the per-arrival denominator, not a rate
     rate: RateTracker = field(default_factory=lambda: RateTracker(LENGTH_HALFLIFE_S))  # idle seconds included
+    seen_s: float = 0.0  # seconds with arrivals seen so far
+    lifetime_s: float = math.nan  # a request's decode lifetime: output ÷ token rate per sequence
+    decode_gen_ewma: float = math.nan  # generation tokens/s, ticks with a known admission rate only
+    admitted_ewma: float = math.nan  # requests admitted to decode per second: completions + Δrunning/dt
+    last_running: float = math.nan
 
     @property
     def rate_ewma(self) -> float:
         """Arrivals/s over about a minute, idle seconds included (NaN until known)."""
         return self.rate.rps
 
-    def update(self, load: PoolLoad, dt_s: float) -> None:
+    @property
+    def warming(self) -> bool:
+        """Fewer seconds of arrivals seen than one request lifetime (or the lifetime is unknown)."""
+        return not (math.isfinite(self.lifetime_s) and self.seen_s >= self.lifetime_s)
+
+    def _per_admitted(self, load: PoolLoad, dt_s: float, a: float) -> float:
+        """Generation tokens per request admitted to decode, smoothed (NaN until completions are known)."""
+        running, prev = load.running, self.last_running
+        self.last_running = running
+        known = (load.completion_rps, load.gen_tps, running, prev, dt_s)
+        if not all(math.isfinite(v) for v in known) or dt_s <= 0:
+            return math.nan
+        admitted = load.completion_rps + (running - prev) / dt_s
+        if math.isnan(self.admitted_ewma):
+            self.admitted_ewma = admitted
+            self.decode_gen_ewma = load.gen_tps
+        else:
+            self.admitted_ewma += a * (admitted - self.admitted_ewma)
+            self.decode_gen_ewma += a * (load.gen_tps - self.decode_gen_ewma)
+        return self.decode_gen_ewma / self.admitted_ewma if self.admitted_ewma > 0 else math.nan
+
+    def update(self, load: PoolLoad, dt_s: float, *, capped: bool = False, mode: str = "admitted") -> None:
+        """Fold one scrape in; ``capped``: the decode fleet is saturated, so gen_tps is a floor of the load.
+        ``mode`` (``PolicyConfig.output_floor``): 'admitted' = both floors, 'held' = no tokens-per-admitted
+        floor, 'off' = the plain EWMA."""
         a = 1.0 - 0.5 ** (dt_s / LENGTH_HALFLIFE_S)
         self.rate.update(load.arrival_rps, dt_s)
+        per_admitted = self._per_admitted(load, dt_s, a)
         if not (math.isfinite(load.arrival_rps) and load.arrival_rps > 0):
             return
 
@@ -174,8 +228,17 @@ class LengthTracker:
         self.prompt_ewma = ewma(self.prompt_ewma, load.mean_prompt_tokens)
         self.arrivals_ewma = ewma(self.arrivals_ewma, load.arrival_rps)
         if math.isfinite(load.gen_tps):
+            floor = mode != "off" and (capped or self.warming)
             gen_per_arrival = ewma(self.output_ewma * self.arrivals_ewma, load.gen_tps)
-            self.output_ewma = gen_per_arrival / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
+            new = gen_per_arrival / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
+            self.output_ewma = (
+                max(self.output_ewma, new) if floor and math.isfinite(self.output_ewma) else new
+            )
+            if math.isfinite(load.running) and load.running > 0 and load.gen_tps > 0:
+                self.lifetime_s = self.output_ewma * load.running / load.gen_tps
+            if mode == "admitted" and capped and math.isfinite(per_admitted):
+                self.output_ewma = max(self.output_ewma, per_admitted)
+        self.seen_s += dt_s
 
 
 def build_observation(
@@ -351,7 +414,9 @@ class Pipeline:
         vanished = self._vanished(samples)
         loads = self.aggregator.update(samples, self.pools)
         for name, load in loads.items():
-            self.tracks[name].lengths.update(load, dt)
+            track = self.tracks[name]
+            capped = self._decode_capped(track, load, counts[name])
+            track.lengths.update(load, dt, capped=capped, mode=track.setup.policy.output_floor)
             self.tracks[name].burst.update(load.arrival_rps, dt)
         forecasts, error = self._forecast(loads, now_s)
         decisions = {}
@@ -458,6 +523,15 @@ class Pipeline:
             log.warning("forecaster %s failed this tick: %s", self.forecaster.name, exc)
             return {name: None for name in self.tracks}, f"{type(exc).__name__}: {exc}"
         return {name: pool_forecast(batch, i) for i, name in enumerate(self.tracks)}, None
+
+    @staticmethod
+    def _decode_capped(track: _Track, load: PoolLoad, c: PoolCounts) -> bool:
+        """The active decode fleet is saturated (``stages.DECODE_SATURATED`` of its sequences or more)."""
+        active = int(c.active.get("decode", 0))
+        if not (math.isfinite(load.running) and active > 0):
+            return False
+        cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
+        return load.running >= stages.DECODE_SATURATED * active * cap.decode_seqs
 
     @staticmethod
     def _observation(

@@ -45,6 +45,8 @@ class PoolLoad:
     # True when prompt_tps is the router's at-arrival counter (pdscale:router_prompt_tokens_total), not the
     # tokens the instances prefilled (which flatten at their throughput while a queue builds)
     prompt_at_arrival: bool = False
+    # requests finished per second (vllm:request_success_total on decode and mixed instances; NaN: not exported)
+    completion_rps: float = math.nan
 
     def channels(self) -> list[float]:
         """Values in the forecaster's CHANNELS order (forecaster.types.CHANNELS)."""
@@ -88,6 +90,7 @@ class _Deltas:
     prompt: np.ndarray
     routed_prompt: np.ndarray  # prompt tokens counted at routing (router-side); NaN where not exported
     gen: np.ndarray
+    success: np.ndarray
     ttft: Histogram | None
     itl: Histogram | None
 
@@ -120,6 +123,7 @@ def _deltas(prev: InstanceSamples | None, prev_index: dict[str, int], cur: Insta
         prompt=counter(names.PROMPT_TOKENS_TOTAL),
         routed_prompt=counter(names.ROUTER_PROMPT_TOKENS_TOTAL),
         gen=counter(names.GENERATION_TOKENS_TOTAL),
+        success=counter(names.REQUEST_SUCCESS_TOTAL),
         ttft=hist(names.TIME_TO_FIRST_TOKEN_SECONDS),
         itl=hist(names.INTER_TOKEN_LATENCY_SECONDS),
     )
@@ -208,6 +212,7 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool, m: _
         mean_prompt_tokens=prompt_total / n_arrivals if n_arrivals > 0 else math.nan,
         complete=complete,
         prompt_at_arrival=at_arrival,
+        completion_rps=_rate(d.success[decode_sel], d.dt_s),
     )
 
 
