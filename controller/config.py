@@ -266,13 +266,14 @@ class PolicyConfig(BaseModel):
         ),
     )
     output_floor: Literal["held", "admitted", "off"] = Field(
-        "held",
+        "admitted",
         description=(
             "how the pool's mean output length (decode's Little's-law sizing) reads while decode is saturated"
             " or has seen less than one request lifetime (controller.pipeline.LengthTracker): 'held' = it may"
             " rise but not fall; 'admitted' = also raised to the tokens per request admitted to decode while"
             " saturated (+2.0 SLO points on the 600-s sinusoid, +1.06 % GPU-s on session 4's table with the"
-            " shipped checkpoint; docs/BENCHMARKS.md, W8); 'off' = the plain EWMA (session 4)"
+            " shipped checkpoint, all of it on the sinusoid; docs/BENCHMARKS.md, W8; the default since session 5's"
+            " lead measured it with the rest merged); 'off' = the plain EWMA (session 4)"
         ),
     )
     little_arrivals: Literal["p90", "p50"] = Field(
