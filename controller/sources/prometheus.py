@@ -49,6 +49,7 @@ COUNTERS: dict[str, str] = {
     names.PROMPT_TOKENS_TOTAL: "vllm[:_]prompt_tokens(_total)?",
     names.GENERATION_TOKENS_TOTAL: "vllm[:_]generation_tokens(_total)?",
     names.NUM_PREEMPTIONS_TOTAL: "vllm[:_]num_preemptions(_total)?",
+    names.REQUEST_SUCCESS_TOTAL: "vllm[:_]request_success(_total)?",  # finished requests (all reasons)
     names.ROUTER_REQUESTS_TOTAL: "pdscale[:_]router_requests(_total)?",
     names.ROUTER_PROMPT_TOKENS_TOTAL: "pdscale[:_]router_prompt_tokens(_total)?",
     names.ROUTER_DISPATCHED_TOTAL: "pdscale[:_]router_dispatched(_total)?",

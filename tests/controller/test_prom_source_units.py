@@ -116,12 +116,18 @@ def test_one_query_per_metric_and_the_canonical_spelling_wins() -> None:
                 row("vllm:kv_cache_usage_perc", 0.4, engine="1", **lab),
             ],
             "num_requests_waiting": [row("vllm:num_requests_waiting", float("nan"), **lab)],
+            "vllm[:_]request_success": [
+                row("vllm:request_success_total", 5, finished_reason="stop", **lab),
+                row("vllm:request_success_total", 2, finished_reason="length", **lab),
+            ],
         }
     )
     source = PrometheusSource("http://unused", querier=q)
     s = source.scrape(100.0)
     # gauges, counters, histograms, the router queue: one query each for the whole fleet
-    assert len(q.queries) == 3 + 6 + 2 + 1
+    assert len(q.queries) == 3 + 7 + 2 + 1
+    # vLLM splits finished requests by finished_reason: one instance's series are added up
+    assert s.counters[names.REQUEST_SUCCESS_TOTAL][0] == 7.0
     assert s.gauges[names.NUM_REQUESTS_RUNNING][0] == 3.0  # not 6: spellings are never added up
     assert s.counters[names.PROMPT_TOKENS_TOTAL][0] == 12.0  # the canonical name, wherever it comes
     assert s.gauges[names.KV_CACHE_USAGE_PERC][0] == pytest.approx(0.3)  # engines averaged
