@@ -13,41 +13,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.sim.fleet import single_pool
-from serving.sim.hardware import ProfileError, get_profile
+from serving.sim.hardware import ProfileError
 from serving.sim.latency import (
     LinearLatencyModel,
     fit_admission_by_age,
     get_latency_model,
     load_linear_profile,
 )
-from serving.sim.replay import PolicyOptions, make_policy, replay
-from serving.workload.trace import Trace
-
-PROFILE = get_profile("cpu-tiny").with_overrides(max_num_seqs=16)
-COEF = {
-    "a_ms": 6.0,
-    "b_ms_per_prefill_token": 0.025,
-    "c_ms_per_decode_seq": 2.2,
-    "d_ms_per_decode_context_token": 4e-4,
-}
+from tests.support.cpu_tiny import COEF, PROFILE, make_trace, replay_mixed
 
 
 def _ttft(arrivals: list[float], prompts: list[int], outputs: list[int], model: Any) -> np.ndarray:
-    trace = Trace.from_arrays(
-        arrival_s=np.asarray(arrivals, dtype=np.float64),
-        prompt_tokens=np.asarray(prompts),
-        output_tokens=np.asarray(outputs),
-        source="test",
-        format="synthetic",
-    )
-    report = replay(
-        single_pool(profile="cpu-tiny", mixed=1, max_per_role=1),
-        {"default": trace},
-        make_policy("fixed", PolicyOptions(mixed=1)),
-        models=lambda _name: (PROFILE, model),
-    )
-    return np.asarray(report.request_ttft_ms)
+    return np.asarray(replay_mixed(make_trace(arrivals, prompts, outputs), model).request_ttft_ms)
 
 
 def _young(busy: float = 80.0, per: float = 0.0, tokens: float = 64.0) -> LinearLatencyModel:

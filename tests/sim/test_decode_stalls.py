@@ -16,12 +16,10 @@ from hypothesis import strategies as st
 
 from serving.sim.engine import Simulator
 from serving.sim.fleet import single_pool
-from serving.sim.hardware import ProfileError, get_profile
+from serving.sim.hardware import ProfileError
 from serving.sim.latency import LinearLatencyModel, fit_decode_stalls, get_latency_model, load_linear_profile
-from serving.sim.replay import PolicyOptions, make_policy, replay
-from serving.workload.trace import Trace
+from tests.support.cpu_tiny import PROFILE, make_trace, replay_mixed, report_doc
 
-PROFILE = get_profile("cpu-tiny").with_overrides(max_num_seqs=16)
 COEF = {
     "a_ms": 3.0,
     "b_ms_per_prefill_token": 0.03,
@@ -30,14 +28,7 @@ COEF = {
 }
 
 
-def _trace(arrivals: list[float], prompts: list[int], outputs: list[int]) -> Trace:
-    return Trace.from_arrays(
-        arrival_s=np.asarray(arrivals, dtype=np.float64),
-        prompt_tokens=np.asarray(prompts),
-        output_tokens=np.asarray(outputs),
-        source="test",
-        format="synthetic",
-    )
+_trace = make_trace
 
 
 def _model(p: float = 0.0, s: float = 0.0, seed: int = 0) -> LinearLatencyModel:
@@ -46,19 +37,8 @@ def _model(p: float = 0.0, s: float = 0.0, seed: int = 0) -> LinearLatencyModel:
     )
 
 
-def _report(trace: Trace, model: Any) -> Any:
-    return replay(
-        single_pool(profile="cpu-tiny", mixed=1, max_per_role=1),
-        {"default": trace},
-        make_policy("fixed", PolicyOptions(mixed=1)),
-        models=lambda _name: (PROFILE, model),
-    )
-
-
-def _doc(trace: Trace, model: Any) -> dict[str, Any]:
-    doc = dict(_report(trace, model).to_json())
-    doc.pop("wall_s")
-    return doc
+_report = replay_mixed
+_doc = report_doc
 
 
 MIX = _trace(

@@ -4,47 +4,18 @@ the request got there); without an admission term nothing changes."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.sim.fleet import single_pool
-from serving.sim.hardware import get_profile
 from serving.sim.latency import LinearLatencyModel
-from serving.sim.replay import PolicyOptions, make_policy, replay
 from serving.sim.router import GatewayPolicy
 from serving.workload.trace import Trace
+from tests.support.cpu_tiny import COEF, PROFILE, make_trace, replay_mixed
 
-PROFILE = get_profile("cpu-tiny").with_overrides(max_num_seqs=16)
-COEF = {
-    "a_ms": 6.0,
-    "b_ms_per_prefill_token": 0.025,
-    "c_ms_per_decode_seq": 2.2,
-    "d_ms_per_decode_context_token": 4e-4,
-}
 DELAY_MS = 200.0
-
-
-def _trace(arrivals: list[float], prompts: list[int], outputs: list[int]) -> Trace:
-    return Trace.from_arrays(
-        arrival_s=np.asarray(arrivals, dtype=np.float64),
-        prompt_tokens=np.asarray(prompts),
-        output_tokens=np.asarray(outputs),
-        source="test",
-        format="synthetic",
-    )
-
-
-def _report(trace: Trace, model: Any, gateway: GatewayPolicy | None) -> Any:
-    return replay(
-        single_pool(profile="cpu-tiny", mixed=1, max_per_role=1),
-        {"default": trace},
-        make_policy("fixed", PolicyOptions(mixed=1)),
-        models=lambda _name: (PROFILE, model),
-        gateway=gateway,
-    )
+_trace = make_trace
+_report = replay_mixed
 
 
 def _burst(n: int) -> Trace:
