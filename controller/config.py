@@ -660,6 +660,16 @@ class ControllerConfig(BaseModel):
             " in replays it changed no SLO figure and added 0.2-0.7 % GPU-s (docs/BENCHMARKS.md)"
         ),
     )
+    forecaster_combination: bool = Field(
+        False,
+        description=(
+            "run the learned forecaster inside the online forecast combination (forecaster.combination:"
+            " per pool, its p50/p90 mixed with EWMA, Holt and last value, weighted by each one's recent"
+            " realised loss; burst_prob unchanged; the Holt fallback is not wrapped). It reads the rate"
+            " channels as per-second counts, so it is meant for tick_s = 1. See docs/FORECASTER.md and the"
+            " measured trade-off in docs/BENCHMARKS.md"
+        ),
+    )
     source: SourceConfig = Field(default_factory=SourceConfig)
     actuator: ActuatorConfig = Field(default_factory=ActuatorConfig)
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)

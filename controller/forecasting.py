@@ -1,5 +1,6 @@
-"""Which forecaster the controller runs: the shipped (or configured) checkpoint, else a baseline, and
-optionally the training-free onset detector on top (``with_onset_detector``).
+"""Which forecaster the controller runs: the shipped (or configured) checkpoint, else a baseline; the
+learned one optionally inside the online forecast combination (``with_combination``), and optionally the
+training-free onset detector on top (``with_onset_detector``).
 
 torch is imported only here, and only when a checkpoint is actually loaded: the reactive fallback and
 every other policy start without it (the onset detector needs neither torch nor statsmodels).
@@ -17,6 +18,7 @@ import numpy as np
 import forecaster
 from forecaster.baselines import Holt
 from forecaster.burst import OnsetBoostedForecaster, OnsetDetectorConfig
+from forecaster.combination import CombinationConfig, CombinedForecaster
 from forecaster.types import CHANNELS, ForecastBatch, Forecaster
 
 log = logging.getLogger(__name__)
@@ -36,12 +38,29 @@ def with_onset_detector(forecaster: Forecaster, config: OnsetDetectorConfig | No
     return OnsetBoostedForecaster(forecaster, config)
 
 
-def load_default_forecaster(path: Path | None = None, *, burst_detector: bool = False) -> Forecaster:
+def with_combination(forecaster: Forecaster, config: CombinationConfig | None = None) -> Forecaster:
+    """``forecaster`` inside the online combination with the EWMA, Holt and last-value experts
+    (``forecaster.combination.CombinedForecaster``; name ``<inner>+combination``): its p50/p90 per pool
+    become a weighted mix, by recent realised loss, of the network's and the baselines' (burst_prob stays
+    the network's). A baseline (the Holt fallback) or an already combined forecaster is returned as it is.
+    Like the baselines, it reads the rate channels as per-second counts: meant for ``tick_s = 1``."""
+    if isinstance(forecaster, CombinedForecaster | Holt | OnsetBoostedForecaster):
+        return forecaster
+    return CombinedForecaster(forecaster, config)
+
+
+def load_default_forecaster(
+    path: Path | None = None, *, burst_detector: bool = False, combination: bool = False
+) -> Forecaster:
     """Load ``path`` (default: the shipped checkpoint). A missing, corrupt or mismatched checkpoint falls
     back to the Holt baseline, logged with the reason — the controller keeps running either way.
-    ``burst_detector``: wrap whatever was loaded (the baseline too) with ``with_onset_detector``; off by
-    default so the replay policies keep what they measure (the live daemon turns it on from its config)."""
+    ``combination``: run a learned model inside ``with_combination`` (``ControllerConfig.forecaster_combination``;
+    the Holt fallback is not wrapped). ``burst_detector``: wrap whatever was loaded (the baseline too) with
+    ``with_onset_detector``; both off by default so the replay policies keep what they measure (the live
+    daemon sets them from its config)."""
     loaded = _load(path)
+    if combination:
+        loaded = with_combination(loaded)
     return with_onset_detector(loaded) if burst_detector else loaded
 
 
