@@ -68,8 +68,7 @@ def grid() -> list[CombinationConfig]:
         out.append(CombinationConfig(halflife_s=hl, eta=eta))
     for hl in (30.0, 120.0, 600.0):
         out.append(CombinationConfig(halflife_s=hl, rule="best"))
-    seen: set[CombinationConfig] = set()
-    return [c for c in out if not (c in seen or seen.add(c))]
+    return list(dict.fromkeys(out))  # the default is also in the grid: once
 
 
 def label(c: CombinationConfig) -> str:

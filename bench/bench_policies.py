@@ -24,8 +24,8 @@ The predictive policy runs with a pinned forecaster (``--forecaster holt``, the 
 until the learned checkpoint lands) so before/after rows compare policy logic, not forecasters; pass
 ``--forecaster default`` for whatever ``controller.forecasting`` loads, or ``--checkpoint [NAME=]PATH`` (repeatable)
 for one predictive row per learned checkpoint, labelled NAME (shipped vs candidate side by side in one run);
-``--combination off,on`` replays each such row with the learned forecaster outside and inside the online
-forecast combination (``controller.forecasting.with_combination``). ``--params k=v,...`` overrides
+``--combination off,all,arrivals`` replays each such row with the learned forecaster outside the online
+forecast combination, inside it, and inside it for arrivals only (``controller.forecasting.with_combination``). ``--params k=v,...`` overrides
 ``PolicyConfig`` fields of the predictive policy (e.g. ``--params standby_decode=2,buffer_multiplier=2``).
 
 ``--decompose`` prints, after each predictive row, its GPU-seconds stage by stage and role by role (read back
@@ -52,7 +52,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -74,6 +74,9 @@ from serving.sim.router import GatewayPolicy
 from serving.workload.readers import read_trace
 from serving.workload.synthetic import LengthDist, SyntheticParams, generate
 from serving.workload.trace import PRIORITY_NORMAL, Trace
+
+if TYPE_CHECKING:
+    from controller.forecasting import CombinationMode
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT / "datasets" / "azure2023"
@@ -228,22 +231,26 @@ def make(
     forecaster: str,
     params: dict[str, Any],
     checkpoint: Path | None = None,
-    combination: bool | None = None,
+    combination: CombinationMode | None = None,
 ) -> ReplayPolicy:
     """A policy by name; the predictive one with the Holt baseline (``forecaster`` "holt"), the shipped
     checkpoint ("default"), or the learned checkpoint at ``checkpoint`` (which wins over ``forecaster``).
-    ``combination``: run the learned forecaster inside the online combination (True) or not (False);
-    None = what ``controller.forecasting.load_default_forecaster`` does by default."""
+    ``combination``: the learned forecaster inside the online combination ("all": every target,
+    "arrivals": arrivals only) or not ("off"); None = what ``load_default_forecaster`` does by default."""
     if name == "predictive":
         cfg = PolicyConfig(**params)
         if checkpoint is not None or (forecaster == "default" and combination is not None):
             from controller.forecasting import load_default_forecaster
 
             path = checkpoint
-            kw = {} if combination is None else {"combination": combination}
+            mode = combination
 
             def learned() -> Forecaster:
-                return load_default_forecaster(path, **kw)
+                return (
+                    load_default_forecaster(path)
+                    if mode is None
+                    else load_default_forecaster(path, combination=mode)
+                )
 
             return PredictivePolicy(cfg, forecaster=learned)
         if forecaster == "holt":
@@ -567,8 +574,9 @@ def main() -> None:
     ap.add_argument(
         "--combination",
         default="default",
-        help="the learned forecaster inside the online forecast combination (forecaster.combination): on, off,"
-        " or off,on (each predictive row replayed both ways, side by side); default = the controller's default",
+        help="the learned forecaster inside the online forecast combination (forecaster.combination): off, all"
+        " (every target), arrivals (arrivals only), or a list such as off,all,arrivals (each predictive row"
+        " replayed each way, side by side); default = the controller's default",
     )
     ap.add_argument("--params", default="", help="PolicyConfig overrides for predictive: k=v,k=v")
     ap.add_argument("--label", default="", help="a label printed in each row (e.g. before/after)")
@@ -607,11 +615,11 @@ def main() -> None:
         checkpoints = checkpoint_runs(args.checkpoint)
     except FileNotFoundError as exc:
         ap.error(str(exc))
-    combos: list[tuple[str, bool | None]] = []
+    combos: list[tuple[str, CombinationMode | None]] = []
     for c in args.combination.split(","):
-        if c not in ("on", "off", "default"):
-            ap.error(f"--combination: expected on, off, off,on or default, got {args.combination!r}")
-        combos.append((c, None if c == "default" else c == "on"))
+        if c not in ("off", "all", "arrivals", "default"):
+            ap.error(f"--combination: expected off, all, arrivals (or a list of them) or default, got {c!r}")
+        combos.append((c, None if c == "default" else cast("CombinationMode", c)))
     gateways: list[tuple[str, GatewayPolicy | None]] = []
     for g in args.gateway_queue.split(","):
         if g not in ("on", "off"):

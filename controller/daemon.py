@@ -56,6 +56,7 @@ from forecaster.types import Forecaster
 from serving.sim.samples import InstanceSamples
 
 if TYPE_CHECKING:
+    from controller.forecasting import CombinationMode
     from serving.pools.manager import PoolManager, PoolSettings
 
 log = logging.getLogger(__name__)
@@ -413,7 +414,7 @@ class _Capture(logging.Handler):
 
 
 def load_forecaster(
-    path: Path | None, *, burst_detector: bool = False, combination: bool = False
+    path: Path | None, *, burst_detector: bool = False, combination: CombinationMode = "off"
 ) -> tuple[Forecaster, str | None]:
     """``controller.forecasting.load_default_forecaster`` plus why it fell back (None = it did not).
     ``burst_detector``: wrap it with the onset detector (``ControllerConfig.forecaster_burst_detector``);

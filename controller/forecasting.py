@@ -12,11 +12,12 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 import forecaster
-from forecaster.baselines import Holt
+from forecaster.baselines import CountBaseline, Holt
 from forecaster.burst import OnsetBoostedForecaster, OnsetDetectorConfig
 from forecaster.combination import CombinationConfig, CombinedForecaster
 from forecaster.types import CHANNELS, ForecastBatch, Forecaster
@@ -42,25 +43,40 @@ def with_combination(forecaster: Forecaster, config: CombinationConfig | None = 
     """``forecaster`` inside the online combination with the EWMA, Holt and last-value experts
     (``forecaster.combination.CombinedForecaster``; name ``<inner>+combination``): its p50/p90 per pool
     become a weighted mix, by recent realised loss, of the network's and the baselines' (burst_prob stays
-    the network's). A baseline (the Holt fallback) or an already combined forecaster is returned as it is.
+    the network's). A baseline (the Holt fallback), an already combined forecaster or one with the onset
+    detector on top (combine first, then add the detector) is returned as it is.
     Like the baselines, it reads the rate channels as per-second counts: meant for ``tick_s = 1``."""
-    if isinstance(forecaster, CombinedForecaster | Holt | OnsetBoostedForecaster):
+    if isinstance(forecaster, CombinedForecaster | CountBaseline | OnsetBoostedForecaster):
         return forecaster
     return CombinedForecaster(forecaster, config)
 
 
+#: ``ControllerConfig.forecaster_combination``: which targets the online combination mixes.
+CombinationMode = Literal["off", "arrivals", "all"]
+
+
+def combination_config(mode: CombinationMode) -> CombinationConfig | None:
+    """The combination's settings for a ``forecaster_combination`` mode (None = off). "arrivals" leaves the
+    token forecasts to the network: in the loop the token channels are tokens processed (capped by the
+    pool's throughput), so realised token totals would score the experts against a capped load."""
+    if mode == "off":
+        return None
+    return CombinationConfig() if mode == "all" else CombinationConfig(targets=("arrivals",))
+
+
 def load_default_forecaster(
-    path: Path | None = None, *, burst_detector: bool = False, combination: bool = False
+    path: Path | None = None, *, burst_detector: bool = False, combination: CombinationMode = "off"
 ) -> Forecaster:
     """Load ``path`` (default: the shipped checkpoint). A missing, corrupt or mismatched checkpoint falls
     back to the Holt baseline, logged with the reason — the controller keeps running either way.
-    ``combination``: run a learned model inside ``with_combination`` (``ControllerConfig.forecaster_combination``;
-    the Holt fallback is not wrapped). ``burst_detector``: wrap whatever was loaded (the baseline too) with
-    ``with_onset_detector``; both off by default so the replay policies keep what they measure (the live
-    daemon sets them from its config)."""
+    ``combination``: run a learned model inside ``with_combination`` with ``combination_config(mode)``
+    (``ControllerConfig.forecaster_combination``; the Holt fallback is not wrapped). ``burst_detector``: wrap
+    whatever was loaded (the baseline too) with ``with_onset_detector``; both off by default so the replay
+    policies keep what they measure (the live daemon sets them from its config)."""
     loaded = _load(path)
-    if combination:
-        loaded = with_combination(loaded)
+    settings = combination_config(combination)
+    if settings is not None:
+        loaded = with_combination(loaded, settings)
     return with_onset_detector(loaded) if burst_detector else loaded
 
 

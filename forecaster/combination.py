@@ -76,6 +76,9 @@ class CombinationConfig:
     holt_beta: float = 0.05
     #: half-life of the discounted mean and variance of the H-step sums that give the baselines' spread
     dispersion_halflife_s: float = 30.0
+    #: the targets combined; the others keep the network's forecast (e.g. ("arrivals",) where the token
+    #: channels are tokens processed, capped by capacity, rather than tokens arriving)
+    targets: tuple[str, ...] = TARGETS
 
     def __post_init__(self) -> None:
         problems = []
@@ -86,6 +89,9 @@ class CombinationConfig:
             problems.append(f"rule must be 'exp' or 'best', got {self.rule!r}")
         if self.min_scored < 1 or self.warmup_s < 1:
             problems.append(f"min_scored and warmup_s must be >= 1, got {self.min_scored}, {self.warmup_s}")
+        unknown = [t for t in self.targets if t not in TARGETS]
+        if unknown or not self.targets:
+            problems.append(f"targets must be a non-empty subset of {TARGETS}, got {self.targets}")
         if not (0 < self.holt_alpha <= 1 and 0 <= self.holt_beta <= 1):
             problems.append(
                 f"Holt needs 0 < holt_alpha <= 1 and 0 <= holt_beta <= 1, got {self.holt_alpha}, {self.holt_beta}"
@@ -132,6 +138,8 @@ class OnlineCombination:
         self._disp_decay = _decay(cfg.dispersion_halflife_s)
         self._alpha = 1.0 - 2.0 ** (-1.0 / cfg.ewma_halflife_s)
         self._holt_sum = h * (h + 1) / 2.0
+        # [1, 1, C, 1]: the channels whose baselines may get weight
+        self._combined = np.array([t in cfg.targets for t in TARGETS])[None, None, :, None]
 
     @property
     def n_nodes(self) -> int:
@@ -206,7 +214,7 @@ class OnlineCombination:
         cfg = self.config
         # loss_count is sum(lam ** i, i < scored) exactly (it moves only when scored), so this is
         # "scored >= min_scored" without a counter of its own
-        eligible = np.isfinite(experts) & (self.loss_count >= self._min_count)
+        eligible = np.isfinite(experts) & (self.loss_count >= self._min_count) & self._combined
         with np.errstate(divide="ignore"):
             mean = (self.loss_sum + 1e-300) / (self.loss_count * eligible)  # not eligible: x / 0 = inf
         best = mean.min(axis=0)  # inf where no expert is eligible yet

@@ -8,6 +8,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import pytest
@@ -25,7 +26,11 @@ from forecaster.combination import (
 from forecaster.features import future_sums
 from forecaster.types import CHANNELS, TARGETS, ForecastBatch
 
+if TYPE_CHECKING:
+    from forecaster.streaming import SequenceForecast
+
 H = 5
+Rule = Literal["exp", "best"]
 ARR = CHANNELS.index("arrival_rps")
 RATES = [CHANNELS.index(c) for c in ("arrival_rps", "prompt_tps", "gen_tps")]
 
@@ -124,14 +129,15 @@ def poisson() -> np.ndarray:
     rng = np.random.default_rng(3)
     t = np.arange(1500)
     rate = 8.0 + 6.0 * np.sin(2 * np.pi * t / 400.0)
-    return rng.poisson(rate).astype(np.float64)[None]
+    counts: np.ndarray = rng.poisson(rate).astype(np.float64)[None]
+    return counts
 
 
 @pytest.mark.parametrize("rule", ["exp", "best"])
-def test_a_clearly_bad_network_loses_its_weight_to_the_baselines(poisson: np.ndarray, rule: str) -> None:
+def test_a_clearly_bad_network_loses_its_weight_to_the_baselines(poisson: np.ndarray, rule: Rule) -> None:
     x, mask = _inputs(poisson)
     bad = _oracle(poisson, scale=3.0)  # always three times too high
-    fc = CombinedForecaster(Scripted(bad), CombinationConfig(rule=rule))  # type: ignore[arg-type]
+    fc = CombinedForecaster(Scripted(bad), CombinationConfig(rule=rule))
     out = _run(fc, x, mask)
     w = fc.weights[0]
     assert w[0].max() < 0.01, w[:, 0]  # the network's weight, every channel and output
@@ -141,10 +147,10 @@ def test_a_clearly_bad_network_loses_its_weight_to_the_baselines(poisson: np.nda
 
 
 @pytest.mark.parametrize("rule", ["exp", "best"])
-def test_a_clearly_better_network_keeps_its_weight(poisson: np.ndarray, rule: str) -> None:
+def test_a_clearly_better_network_keeps_its_weight(poisson: np.ndarray, rule: Rule) -> None:
     x, mask = _inputs(poisson)
     good = _oracle(poisson)  # knows the future exactly
-    fc = CombinedForecaster(Scripted(good), CombinationConfig(rule=rule))  # type: ignore[arg-type]
+    fc = CombinedForecaster(Scripted(good), CombinationConfig(rule=rule))
     out = _run(fc, x, mask)
     assert fc.weights[0, 0, :, 0].min() > 0.99  # p50: all on the network, every channel
     assert _mae(out[0, :, 0], poisson[0], 300) < 0.05 * _mae(good[0, :, 0, 0] * 3, poisson[0], 300)
@@ -154,7 +160,7 @@ def test_the_network_alone_until_the_baselines_have_scored(poisson: np.ndarray) 
     x, mask = _inputs(poisson[:, :60])
     table = _oracle(poisson[:, :60], scale=2.0)
     cfg = CombinationConfig(warmup_s=30, min_scored=30)
-    out = _run(CombinedForecaster(Scripted(table), cfg), x, mask)  # type: ignore[arg-type]
+    out = _run(CombinedForecaster(Scripted(table), cfg), x, mask)
     # a baseline forecasts from its 30th observation and has 30 realised targets 35 steps later at the earliest
     np.testing.assert_array_equal(out[0, :, 0], table[0, :, 0, 0])
 
@@ -162,18 +168,18 @@ def test_the_network_alone_until_the_baselines_have_scored(poisson: np.ndarray) 
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
-    rule=st.sampled_from(["exp", "best"]),
+    rule=st.sampled_from(("exp", "best")),
     eta=st.floats(0.5, 50.0),
     nan_frac=st.floats(0.0, 0.5),
 )
-def test_weights_are_a_convex_combination(seed: int, rule: str, eta: float, nan_frac: float) -> None:
+def test_weights_are_a_convex_combination(seed: int, rule: Rule, eta: float, nan_frac: float) -> None:
     rng = np.random.default_rng(seed)
     n, t = 4, 160
     counts = rng.poisson(rng.uniform(0.0, 30.0, (n, 1)), (n, t)).astype(np.float64)
     counts[rng.random((n, t)) < nan_frac] = np.nan
     net = rng.gamma(2.0, 10.0, (n, t, 3, 2))
     net[rng.random((n, t)) < 0.05] = np.nan
-    state = OnlineCombination(n, H, CombinationConfig(rule=rule, eta=eta, warmup_s=5, min_scored=3))  # type: ignore[arg-type]
+    state = OnlineCombination(n, H, CombinationConfig(rule=rule, eta=eta, warmup_s=5, min_scored=3))
     vals = observed_values(*_inputs(counts))
     for i in range(t):
         out = state.update(vals[:, i], net[:, i])
@@ -200,11 +206,11 @@ def test_streaming_equals_offline_exactly() -> None:
     table = rng.gamma(3.0, 5.0, (n, t, 3, 2))
     table[2, 200:230] = np.nan  # the network has nothing for a while
     for cfg in (CombinationConfig(), CombinationConfig(rule="best", halflife_s=20.0)):
-        fc = CombinedForecaster(Scripted(table), cfg)  # type: ignore[arg-type]
+        inner = Scripted(table)
+        fc = CombinedForecaster(inner, cfg)
         stepped = _run(fc, x, mask)
-        seq, w = fc.combine_sequence(
-            x, mask, fc.inner.predict_sequence(x, mask, np.arange(t)), return_weights=True
-        )  # type: ignore[arg-type, attr-defined]
+        raw = cast("SequenceForecast", inner.predict_sequence(x, mask, np.arange(t)))
+        seq, w = fc.combine_sequence(x, mask, raw, return_weights=True)
         np.testing.assert_array_equal(stepped[..., 0], seq.totals[..., 0, 0])
         np.testing.assert_array_equal(stepped[..., 1], seq.totals[..., 0, 1])
         np.testing.assert_array_equal(w[:, -1], fc.weights)
@@ -217,7 +223,7 @@ def test_unknown_inputs_are_not_zero() -> None:
     mask[0, 250:260, RATES[0]] = False  # and a masked (but finite) stretch: also unknown
     x[0, 250:260, RATES[0]] = 0.0
     table = _oracle(np.full((1, 400), 10.0), scale=1.5)  # the network: 75 for a true 50
-    fc = CombinedForecaster(Scripted(table))  # type: ignore[arg-type]
+    fc = CombinedForecaster(Scripted(table))
     fc.reset(["a"])
     scored_before = None
     for i in range(400):
@@ -230,7 +236,7 @@ def test_unknown_inputs_are_not_zero() -> None:
             assert b.arrivals_p50[0] >= 50.0 - 1e-9
     assert abs(b.arrivals_p50[0] - 50.0) < 1.0  # the baselines' 50 won, before and after the outage
     table[0, 300:] = np.nan  # the network goes stale: no forecast, whatever the baselines say
-    fc = CombinedForecaster(Scripted(table))  # type: ignore[arg-type]
+    fc = CombinedForecaster(Scripted(table))
     out = _run(fc, x, mask)
     assert np.isnan(out[0, 300:]).all() and np.isfinite(out[0, 100:300]).all()
 
@@ -239,7 +245,7 @@ def test_burst_prob_is_the_networks() -> None:
     counts = np.random.default_rng(1).poisson(4.0, (2, 120)).astype(np.float64)
     x, mask = _inputs(counts)
     burst = np.random.default_rng(2).random((2, 120))
-    fc = CombinedForecaster(Scripted(_oracle(counts, 2.0), burst))  # type: ignore[arg-type]
+    fc = CombinedForecaster(Scripted(_oracle(counts, 2.0), burst))
     fc.reset(["a", "b"])
     for i in range(120):
         b = fc.step(x[:, i], mask[:, i])
