@@ -21,7 +21,7 @@ The realised targets are sums of the per-step channel values over ``H = horizon_
 taken as 1 s (the controller's default ``tick_s``), as the baselines and the onset detector do.
 
 State per node: ``H * 3`` recent values, ``H * 4 * 3 * 2`` pending forecasts, ``2 * 4 * 3 * 2`` discounted
-loss sums and counts, and ``6 * 3`` baseline states — about 1.6 KB at ``H = 5``. No torch here: the module
+loss sums and counts, and ``7 * 3`` baseline values plus a counter — about 1.6 KB at ``H = 5``. No torch here: the module
 wraps any ``Forecaster``; :meth:`CombinedForecaster.predict_sequence` needs the inner one to have it.
 """
 
