@@ -108,7 +108,8 @@ def fast_count_quantiles(
     Wilson-Hilferty quantile of the gamma with the same mean and variance (``mu``, ``mu * D``), rounded with
     a continuity correction, and 0 where the negative binomial's mass at zero already reaches ``q``. Its
     expected pinball loss is within ~1 % of the exact quantile's for ``D <= 20`` and within ~4 % up to
-    ``D = 10^4`` (token totals; tested). scipy's inversion costs ~12 us per value; this a small fraction.
+    ``D = 10^4`` (token totals; tested). scipy's iterative inversion costs microseconds per value; this
+    a small fraction of that.
     ``qs`` in increasing order.
     """
     q_arr = np.asarray(qs, dtype=np.float64)
