@@ -960,6 +960,17 @@ def _print_validation(doc: dict[str, Any]) -> None:
             ]
         table.add_row(*row)
     Console().print(table)
+    from serving.sim.server_view import table_rows
+
+    for key, rows in (doc.get("compare_server") or {}).items():
+        server_table = Table(
+            title=f"server side: vLLM's histograms over the slice vs the simulator's ({key})"
+        )
+        for col in ("figure", "real", "sim", "sim/real", "bucket ms (real | sim)"):
+            server_table.add_column(col, justify="right")
+        for cells in table_rows(rows):
+            server_table.add_row(*cells)
+        Console().print(server_table)
     server = real.get("server_metrics") or {}
     means = {k: v for k, v in server.items() if k.endswith("_mean_ms") and not k.endswith("cumulative")}
     if means:
