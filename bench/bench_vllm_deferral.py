@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_vllm_cpu import boost_autogroups  # noqa: E402
+from bench_vllm_cpu import boost_autogroups, warm_up  # noqa: E402
 
 from serving.pools.iterations import ITERATION_FLAG  # noqa: E402
 from serving.pools.loadgen import StreamResult, completion_body, make_prompts, stream_completion  # noqa: E402
@@ -127,12 +127,7 @@ def measure(out: Path, reps: int, seed: int) -> list[DeferralRow]:
     rows: list[DeferralRow] = []
     with start_instance(cfg, out / "logs") as server:
         print(f"server {server.url} healthy after {server.wait_healthy():.1f} s; log {server.log_path}")
-        for n in (16, 256, 512, 64):  # warm-up, as the other probes
-            httpx.post(
-                f"{server.url}/v1/completions",
-                json=completion_body(make_prompts([n], vocab, seed=99)[0], 8, stream=False),
-                timeout=120,
-            ).raise_for_status()
+        warm_up(server.url, vocab)
         for rep in range(reps):
             for b in rng.permutation(np.array(BACKGROUNDS)).tolist():
                 rows += asyncio.run(_round(server.url, vocab, int(b), rep, seed + 1000 * rep + 17 * int(b)))

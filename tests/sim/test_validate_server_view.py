@@ -188,3 +188,22 @@ def test_settled_scrape_waits_for_the_finished_count(metrics_url: str) -> None:
     assert settled and snap.total("vllm:e2e_request_latency_seconds_count") == 5
     snap, settled = settled_scrape(metrics_url, 6, timeout_s=0.3, poll_s=0.1)
     assert not settled and snap.total("vllm:e2e_request_latency_seconds_count") == 5
+
+
+def test_deferred_first_tokens_move_the_clients_ttft_not_the_servers_histogram(tmp_path: Path) -> None:
+    """vLLM records a first token when its API process takes it from the engine, before streaming it: a first
+    token the client gets late is late for the client only."""
+    from serving.sim.latency import CPU_TINY_JSON
+
+    _, trace_slice = _slice_of(RECORDED / "conv_rows0-119_1rps_s5.json")
+    doc = json.loads(CPU_TINY_JSON.read_text())
+    docs = {}
+    for q in (0.0, 1.0):
+        doc["overheads"]["first_token_deferred_fraction"] = q
+        path = tmp_path / f"q{q}.json"
+        path.write_text(json.dumps(doc))
+        docs[q] = simulate_slice(trace_slice, latency_json=path)
+    multi = np.asarray(trace_slice.output_tokens) > 1
+    early, late = (np.asarray(docs[q]["request_ttft_ms"]) for q in (0.0, 1.0))
+    assert np.all(late[multi] > early[multi]) and np.array_equal(late[~multi], early[~multi])
+    assert docs[1.0]["server_histograms"] == docs[0.0]["server_histograms"]
