@@ -14,10 +14,12 @@ One server as ``--validate``'s (prefix caching on, iteration logging on, ``--max
 seeded random order of background counts ``BACKGROUNDS``; within a round every ``MAX_TOKENS`` value, each request
 ``IDLE_GAP_S`` after the previous answer (nothing else of ours in flight but the background loops, which are
 loops of ``BACKGROUND_TOKENS``-token requests sent back to back: young streams, as a trace's). Every streamed
-chunk carries its token ids (``return_token_ids``), so a row says how many tokens the first chunk held. A
-request's first token counts as **deferred** when its first chunk held all of its tokens (``first_chunk_tokens
-== completion_tokens``, more than one): the client saw nothing before the whole answer. ``partial`` rows held
-more than one but not all.
+chunk carries its token ids (``return_token_ids``), so a row says how many tokens the first chunk held: always 1
+in the run of 2026-12-01 (vLLM streams every token in an SSE event of its own, even when they leave together).
+So a request's first token counts as **deferred** when the whole answer came in one burst: from the first
+token to the last less than ``BURST_GAP_MS`` per further token (``deferred``), which is what the simulator's
+``first_token_deferred_fraction`` models (TTFT = e2e). ``partial`` counts the rows that are not deferred but
+whose first chunk held more than one token.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ BACKGROUND_TOKENS = 32
 BACKGROUND_PROMPT = 40
 PROMPT_TOKENS = 256  # near the slices' mean prompt (363-413 before clipping to 512)
 IDLE_GAP_S = 0.4  # after the previous answer: as most idle requests in the slices
+# tokens closer together than this came in one burst: engine decode steps here are >= ~2 ms (docs/BENCHMARKS.md)
+BURST_GAP_MS = 1.0
 
 
 @dataclass(frozen=True)
@@ -165,9 +169,12 @@ def read_csv(path: Path) -> dict[str, np.ndarray]:
 
 
 def deferred(data: dict[str, np.ndarray]) -> np.ndarray:
-    """Rows whose first chunk held every token of a multi-token answer."""
+    """Multi-token answers whose every token reached the client with the first: the first-to-last span per
+    further token under ``BURST_GAP_MS`` (no engine step of this machine is that short)."""
     tokens = data["completion_tokens"]
-    out: np.ndarray = (tokens > 1) & (data["first_chunk_tokens"] >= tokens)
+    span = data["e2e_ms"] - data["client_ttft_ms"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: np.ndarray = (tokens > 1) & (span / np.maximum(tokens - 1, 1) < BURST_GAP_MS)
     return out
 
 
