@@ -73,6 +73,11 @@ def run_conditions(real: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def meets_goal(sim_over_real: float | None, figure: str) -> bool:
+    """Within the goal's tolerance of the real figure (an unknown ratio does not meet it)."""
+    return sim_over_real is not None and abs(sim_over_real - 1.0) <= tolerance(figure)
+
+
 def spread(values: list[float | None], figure: str) -> dict[str, Any]:
     """max/min - 1 and the largest |run/median - 1| over the runs, against the figure's tolerance."""
     v = np.array([x for x in values if x is not None and x > 0], dtype=np.float64)
@@ -111,7 +116,9 @@ def summarize_slice(paths: list[Path], trace: Path, profile_jsons: list[Path] | 
             row: dict[str, Any] = {"real": real, "spread": spread(real, figure)}
             for p in profiles:
                 row[f"sim {p}"] = runs[0]["doc"][key][p][figure]["sim"]
-                row[f"sim/real {p}"] = [r["doc"][key][p][figure]["sim_over_real"] for r in runs]
+                ratios = [r["doc"][key][p][figure]["sim_over_real"] for r in runs]
+                row[f"sim/real {p}"] = ratios
+                row[f"goal met {p}"] = sum(1 for x in ratios if meets_goal(x, figure))
             table[figure] = row
         out[view] = table
     return out
@@ -134,7 +141,10 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
             f"server TTFT mean {_fmt(c['server_ttft_mean_ms'])} ms"
         )
     for view in ("client", "server"):
-        print(f"  {view} side | real per run | max/min | max dev from median (tol) | sim | sim/real per run")
+        print(
+            f"  {view} side | real per run | max/min | max dev from median (tol) | sim | sim/real per run "
+            "[runs within the goal]"
+        )
         for figure, row in s[view].items():
             sp = row["spread"]
             sims = [k for k in row if k.startswith("sim ")]
@@ -144,13 +154,16 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
                 f"{_fmt(sp['max_dev_from_median'], 2)} ({_fmt(sp['within_tolerance'])}) | "
                 + " ; ".join(_fmt(row[k]) for k in sims)
                 + " | "
-                + " ; ".join(" ".join(_fmt(v, 2) for v in row[k]) for k in ratios)
+                + " ; ".join(
+                    " ".join(_fmt(v, 2) for v in row[k]) + f" [{row['goal met ' + k[9:]]}/{len(row[k])}]"
+                    for k in ratios
+                )
             )
 
 
-def run_rounds(out_dir: Path, rounds: int, slices: list[str]) -> None:
+def run_rounds(out_dir: Path, rounds: int, slices: list[str], first_round: int = 1) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    for r in range(1, rounds + 1):
+    for r in range(first_round, first_round + rounds):
         for name in slices:
             trace, start = SLICES[name]
             cmd = [
@@ -186,6 +199,7 @@ def main() -> None:
     )
     parser.add_argument("--run", action="store_true", help="replay the slices on real servers first")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--first-round", type=int, default=1, help="--run: number of the first round (files)")
     parser.add_argument("--slices", default=",".join(SLICES), help=f"comma-separated, of {', '.join(SLICES)}")
     parser.add_argument(
         "--profile-json", type=Path, action="append", default=None, help="sim side (repeatable)"
@@ -197,7 +211,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--slices: unknown {unknown}; known: {', '.join(SLICES)}")
     if args.run:
-        run_rounds(args.out_dir, args.rounds, slices)
+        run_rounds(args.out_dir, args.rounds, slices, args.first_round)
     summary = {}
     for name in slices:
         paths = sorted(args.out_dir.glob(f"{name}_r*.json"))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import json
 import os
 import platform
 import sys
@@ -202,6 +203,29 @@ def summary(data: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     return out
 
 
+def write_fraction(
+    data: dict[str, np.ndarray], profile_json: Path, csv_path: Path, backgrounds: list[int] | None = None
+) -> float:
+    """Set ``overheads.first_token_deferred_fraction`` of ``profile_json`` to the probes' deferred share over
+    the multi-token rows (every length: the term is one rate; the background counts in ``backgrounds``, default
+    all), and say so in its ``source``."""
+    multi = data["completion_tokens"] > 1
+    if backgrounds is not None:
+        multi &= np.isin(data["background"], backgrounds)
+    if not multi.any():
+        raise ValueError(f"{csv_path}: no multi-token rows with background in {backgrounds}")
+    q = float(deferred(data)[multi].mean())
+    doc = json.loads(profile_json.read_text())
+    doc.setdefault("overheads", {})["first_token_deferred_fraction"] = round(q, 4)
+    which = "" if backgrounds is None else f" with background {backgrounds}"
+    doc["source"] = (
+        f"{doc.get('source', '')}; first_token_deferred_fraction {q:.4f}: share of {int(multi.sum())} multi-token"
+        f" probes{which} answered in one burst ({csv_path.name}, bench/bench_vllm_deferral.py)"
+    )
+    profile_json.write_text(json.dumps(doc, indent=2) + "\n")
+    return q
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -214,6 +238,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--autogroup-nice", type=int, default=None, help="as bench_vllm_cpu.py's")
     parser.add_argument("--summary-only", action="store_true", help="no server: print the table of --csv")
+    parser.add_argument(
+        "--write-json",
+        type=Path,
+        default=None,
+        help="set first_token_deferred_fraction in this latency JSON to the probes' deferred share",
+    )
+    parser.add_argument(
+        "--fraction-backgrounds",
+        default="",
+        help="--write-json: only these background counts (comma-separated; default all)",
+    )
     args = parser.parse_args()
     if not args.summary_only:
         if args.autogroup_nice is not None:
@@ -224,7 +259,12 @@ def main() -> None:
         write_csv(rows, args.csv, command, f"{load0:.1f} at start, {os.getloadavg()[0]:.1f} at end")
         print(f"{len(rows)} rows -> {args.csv}")
     print("background | max_tokens | n | client TTFT p50 ms | e2e p50 ms | deferred | partial")
-    for s in summary(read_csv(args.csv)):
+    data = read_csv(args.csv)
+    if args.write_json is not None:
+        only = [int(b) for b in args.fraction_backgrounds.split(",") if b] or None
+        q = write_fraction(data, args.write_json, args.csv, only)
+        print(f"first_token_deferred_fraction {q:.4f} -> {args.write_json}")
+    for s in summary(data):
         print(
             f"{s['background']:10d} | {s['max_tokens']:10d} | {s['n']:2d} | {s['ttft_p50_ms']:18.1f} | "
             f"{s['e2e_p50_ms']:10.1f} | {s['deferred']:8.2f} | {s['partial']:7.2f}"

@@ -71,3 +71,17 @@ def test_a_burst_is_a_whole_answer_faster_than_any_engine_step() -> None:
         "e2e_ms": np.array([100.7, 85.0, 40.0, 41.5]),
     }
     assert deferral.deferred(data).tolist() == [True, False, False, False]
+
+
+@pytest.mark.parametrize(
+    ("ratio", "figure", "met"),
+    [
+        (0.91, "ttft_ms.p50", True),
+        (0.89, "ttft_ms.p50", False),
+        (1.19, "itl_ms.p90", True),
+        (None, "itl_ms.p90", False),
+    ],
+    ids=["p50-in", "p50-out", "p90-in", "unknown"],
+)
+def test_goal(ratio: float | None, figure: str, met: bool) -> None:
+    assert repeat.meets_goal(ratio, figure) is met
