@@ -4,6 +4,7 @@ Run (real servers, one at a time; ~3.5 min per run on the shared 2-core box):
     nice -n -10 .venv/bin/python bench/bench_validate_repeat.py --run --rounds 3 --out-dir DIR
 Summary only, from recorded runs (no server; the sim side is rerun, deterministic):
     .venv/bin/python bench/bench_validate_repeat.py --out-dir DIR [--profile-json P.json ...]
+    .venv/bin/python bench/bench_validate_repeat.py --out-dir serving/sim/profiles/validation  # session 6's runs
 
 ``--run`` replays each slice of ``SLICES`` once per round, rounds interleaved (round 1: every slice, then round 2,
 ...), each with ``bench/bench_vllm_cpu.py --autogroup-nice -20 --validate --iteration-details`` (its own server;
@@ -39,6 +40,13 @@ CONV = ROOT / "datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.cs
 CODE = ROOT / "datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv"
 # the three slices of the W1/W2 validation (docs/BENCHMARKS.md): name -> (trace, first row)
 SLICES: dict[str, tuple[Path, int]] = {"conv0": (CONV, 0), "code0": (CODE, 0), "conv600": (CONV, 600)}
+# how the repository's recordings of these slices are named (serving/sim/profiles/validation/<prefix>_s6r<k>.json)
+RECORDED_PREFIX = {
+    "conv0": "conv_rows0-119_1rps",
+    "code0": "code_rows0-119_1rps",
+    "conv600": "conv_rows600-719_1rps",
+}
+RECORDED = ROOT / "serving/sim/profiles/validation"
 CLIENT_FIGURES = ("ttft_ms.p50", "ttft_ms.p90", "itl_ms.p50", "itl_ms.p90")
 SERVER_FIGURES = (*CLIENT_FIGURES, "ttft_ms.mean", "itl_ms.mean", "e2e_ms.mean")
 DEFERRED_SHARE_OF_E2E = 0.8  # a first token after this share of the request's e2e came with the rest
@@ -198,6 +206,12 @@ def main() -> None:
         "--out-dir", type=Path, required=True, help="where the runs' JSONs are (or go, with --run)"
     )
     parser.add_argument("--run", action="store_true", help="replay the slices on real servers first")
+    parser.add_argument(
+        "--tag",
+        default="s6",
+        help="without --run, when --out-dir holds no <slice>_r<k>.json: the recordings <prefix>_<tag>r<k>.json "
+        f"(as in {RECORDED.relative_to(ROOT)})",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--first-round", type=int, default=1, help="--run: number of the first round (files)")
     parser.add_argument("--slices", default=",".join(SLICES), help=f"comma-separated, of {', '.join(SLICES)}")
@@ -214,7 +228,9 @@ def main() -> None:
         run_rounds(args.out_dir, args.rounds, slices, args.first_round)
     summary = {}
     for name in slices:
-        paths = sorted(args.out_dir.glob(f"{name}_r*.json"))
+        paths = sorted(args.out_dir.glob(f"{name}_r*.json")) or sorted(
+            args.out_dir.glob(f"{RECORDED_PREFIX[name]}_{args.tag}r*.json")
+        )
         if not paths:
             print(f"{name}: no runs in {args.out_dir}")
             continue
