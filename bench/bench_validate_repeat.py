@@ -13,8 +13,9 @@ slice and figure, every run's real value, the real-vs-real spread (max/min - 1, 
 the runs' median against the goal's tolerance: 10 % at P50, 20 % at P90), and sim/real per run, for the
 client-side figures (what the load generator measured) and the server-side ones (vLLM's own histograms over the
 slice, ``serving.sim.server_view``; recordings made before session 6 have none). Per run also: the engine-timed
-decode step p50 and the share of multi-token requests whose first token reached the client after 80 % of their
-e2e (the deferred first tokens of docs/BENCHMARKS.md, W2), the two things known to move between runs.
+decode step p50 and the share of multi-token requests answered in one burst (the deferred first tokens of
+docs/BENCHMARKS.md, W2; the rule of bench/bench_vllm_deferral.py), the two things known to move between runs, and
+over all runs of a slice that share by output length and by the server's state at send.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ RECORDED_PREFIX = {
 RECORDED = ROOT / "serving/sim/profiles/validation"
 CLIENT_FIGURES = ("ttft_ms.p50", "ttft_ms.p90", "itl_ms.p50", "itl_ms.p90")
 SERVER_FIGURES = (*CLIENT_FIGURES, "ttft_ms.mean", "itl_ms.mean", "e2e_ms.mean")
-DEFERRED_SHARE_OF_E2E = 0.8  # a first token after this share of the request's e2e came with the rest
+BURST_GAP_MS = 1.0  # as bench_vllm_deferral.py: tokens closer than this per token came in one burst
+OUTPUT_BANDS = ((2, 4), (5, 8), (9, 16), (17, 31), (32, 32))  # output lengths (the slices clip at 32)
 
 
 def tolerance(figure: str) -> float:
@@ -57,18 +59,61 @@ def tolerance(figure: str) -> float:
     return 0.2 if figure.endswith("p90") else 0.1
 
 
-def deferred_share(real: dict[str, Any]) -> float | None:
-    """Share of multi-token requests whose client TTFT is at least ``DEFERRED_SHARE_OF_E2E`` of their e2e."""
+def _request_arrays(real: dict[str, Any]) -> dict[str, np.ndarray] | None:
     rows = real.get("requests")
     if not isinstance(rows, dict):
         return None
-    n = late = 0
-    for ttft, e2e, tokens in zip(rows["ttft_ms"], rows["e2e_ms"], rows["completion_tokens"], strict=True):
-        if ttft is None or e2e is None or tokens <= 1:
+    keys = ("sent_ms", "ttft_ms", "e2e_ms", "completion_tokens")
+    return {k: np.array([np.nan if v is None else float(v) for v in rows[k]]) for k in keys}
+
+
+def burst_answers(real: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(multi-token completed requests, those of them answered in one burst: first to last token under
+    ``BURST_GAP_MS`` per further token, the rule of bench_vllm_deferral.py), as boolean arrays."""
+    a = _request_arrays(real)
+    if a is None:
+        return None
+    tokens = a["completion_tokens"]
+    multi = np.isfinite(a["ttft_ms"]) & np.isfinite(a["e2e_ms"]) & (tokens > 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        burst = multi & ((a["e2e_ms"] - a["ttft_ms"]) / np.maximum(tokens - 1, 1) < BURST_GAP_MS)
+    return multi, burst
+
+
+def deferred_share(real: dict[str, Any]) -> float | None:
+    """Share of the multi-token requests answered in one burst (their first token came with the rest)."""
+    got = burst_answers(real)
+    if got is None or not got[0].any():
+        return None
+    return float(got[1].sum() / got[0].sum())
+
+
+def deferred_breakdown(reals: list[dict[str, Any]]) -> dict[str, tuple[int, float | None]]:
+    """Over several runs: ``{group: (multi-token requests, share answered in one burst)}`` by output-length band
+    (``OUTPUT_BANDS``) and by the server's state when the request was sent (another request in flight or not)."""
+    counts: dict[str, list[int]] = {}
+
+    def add(group: str, multi: np.ndarray, burst: np.ndarray) -> None:
+        c = counts.setdefault(group, [0, 0])
+        c[0] += int(multi.sum())
+        c[1] += int(burst.sum())
+
+    for real in reals:
+        got, a = burst_answers(real), _request_arrays(real)
+        if got is None or a is None:
             continue
-        n += 1
-        late += ttft >= DEFERRED_SHARE_OF_E2E * e2e
-    return late / n if n else None
+        multi, burst = got
+        add("all", multi, burst)
+        tokens = a["completion_tokens"]
+        for lo, hi in OUTPUT_BANDS:
+            band = (tokens >= lo) & (tokens <= hi)
+            add(f"tokens {lo}-{hi}", multi & band, burst & band)
+        done = a["sent_ms"] + a["e2e_ms"]
+        sent = a["sent_ms"]
+        busy = np.array([np.any((sent < t) & (done > t)) for t in sent])  # another request in flight at send
+        add("sent busy", multi & busy, burst & busy)
+        add("sent idle", multi & ~busy, burst & ~busy)
+    return {g: (n, (b / n if n else None)) for g, (n, b) in counts.items()}
 
 
 def run_conditions(real: dict[str, Any]) -> dict[str, Any]:
@@ -129,6 +174,28 @@ def summarize_slice(paths: list[Path], trace: Path, profile_jsons: list[Path] | 
                 row[f"goal met {p}"] = sum(1 for x in ratios if meets_goal(x, figure))
             table[figure] = row
         out[view] = table
+    out["deferred"] = deferred_breakdown([r["doc"]["real"] for r in runs])
+    return out
+
+
+def totals(summary: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
+    """Over every slice, figure (quantiles only) and run: ``{view: {profile or "median run": [met, pairs]}}``;
+    "median run" is the ceiling of any deterministic simulator: one equal to each figure's median real run."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for s in summary.values():
+        for view in ("client", "server"):
+            for figure, row in s[view].items():
+                if figure not in CLIENT_FIGURES:
+                    continue
+                real = [x for x in row["real"] if x is not None]
+                med = float(np.median(real)) if real else None
+                ceiling = sum(1 for x in real if med and meets_goal(med / x, figure))
+                cell = out.setdefault(view, {}).setdefault("median run", [0, 0])
+                cell[0], cell[1] = cell[0] + ceiling, cell[1] + len(row["real"])
+                for key in row:
+                    if key.startswith("goal met "):
+                        cell = out[view].setdefault(key[9:], [0, 0])
+                        cell[0], cell[1] = cell[0] + row[key], cell[1] + len(row["real"])
     return out
 
 
@@ -148,6 +215,10 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
             f"{_fmt(c['engine_prefill_p50_ms'])} ms, deferred first tokens {_fmt(c['deferred_share'], 2)}, "
             f"server TTFT mean {_fmt(c['server_ttft_mean_ms'])} ms"
         )
+    print(
+        "  answered in one burst, all runs: "
+        + ", ".join(f"{g} {_fmt(v, 2)} (n {n})" for g, (n, v) in s["deferred"].items())
+    )
     for view in ("client", "server"):
         print(
             f"  {view} side | real per run | max/min | max dev from median (tol) | sim | sim/real per run "
@@ -198,6 +269,13 @@ def run_rounds(out_dir: Path, rounds: int, slices: list[str], first_round: int =
                 f.write(json.dumps(entry) + "\n")
 
 
+def _paths(out_dir: Path, name: str, tag: str) -> list[Path]:
+    """A slice's runs: ``<slice>_r<k>.json`` (--run's), else the recordings ``<prefix>_<tag>r<k>.json``."""
+    return sorted(out_dir.glob(f"{name}_r*.json")) or sorted(
+        out_dir.glob(f"{RECORDED_PREFIX[name]}_{tag}r*.json")
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -228,16 +306,24 @@ def main() -> None:
         run_rounds(args.out_dir, args.rounds, slices, args.first_round)
     summary = {}
     for name in slices:
-        paths = sorted(args.out_dir.glob(f"{name}_r*.json")) or sorted(
-            args.out_dir.glob(f"{RECORDED_PREFIX[name]}_{args.tag}r*.json")
-        )
+        paths = _paths(args.out_dir, name, args.tag)
         if not paths:
             print(f"{name}: no runs in {args.out_dir}")
             continue
         summary[name] = summarize_slice(paths, SLICES[name][0], args.profile_json)
         print_summary(name, summary[name])
+    print("\n## (run, figure) pairs within the goal, P50/P90 TTFT and ITL over every slice")
+    for view, cells in totals(summary).items():
+        print(f"  {view}: " + "; ".join(f"{k} {met}/{n}" for k, (met, n) in cells.items()))
+    everything = deferred_breakdown(
+        [json.loads(p.read_text())["real"] for name in summary for p in _paths(args.out_dir, name, args.tag)]
+    )
+    print(
+        "  answered in one burst, every run of every slice: "
+        + ", ".join(f"{g} {_fmt(v, 2)} (n {n})" for g, (n, v) in everything.items())
+    )
     if args.json is not None:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        args.json.write_text(json.dumps(summary | {"totals": totals(summary)}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

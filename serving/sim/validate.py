@@ -18,6 +18,13 @@ Besides the client's percentiles a real run records every request's timings (``r
 server's own view over the replay window (``server_metrics``: mean queue, prefill and TTFT time from vLLM's
 histograms), and, with ``iteration_details``, every engine step's engine-timed duration (``iterations``):
 enough to tell engine time from what happens around it.
+
+Two views (session 6): ``compare`` is the client's (what the load generator timed); ``compare_server`` is the
+server's, what the controller reads: vLLM's TTFT / ITL / e2e histograms differenced over the slice
+(``server_histograms``, scraped with ``settled_scrape`` before and after) against the simulator's exported
+histograms after the replay, quantiles by the same ``histogram_quantile`` on the same buckets
+(``serving.sim.server_view``). Recordings made before session 6 have no histograms: their server side is the
+window means of ``server_metrics`` only.
 """
 
 from __future__ import annotations

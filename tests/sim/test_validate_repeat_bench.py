@@ -51,16 +51,24 @@ def test_spread_of_one_run_is_unknown() -> None:
     assert repeat.spread([100.0, None], "ttft_ms.p50")["max_over_min"] is None
 
 
-def test_deferred_share_counts_late_first_tokens_of_multi_token_requests() -> None:
+def test_deferred_share_counts_whole_answers_in_one_burst() -> None:
     real = {
         "requests": {
-            "ttft_ms": [90.0, 10.0, 50.0, None],
-            "e2e_ms": [100.0, 100.0, 50.0, 80.0],
-            "completion_tokens": [8, 8, 1, 8],  # the one-token request and the failed one do not count
+            "sent_ms": [0.0, 50.0, 500.0, 600.0, 700.0],
+            "ttft_ms": [99.5, 10.0, 90.0, 50.0, None],
+            "e2e_ms": [100.0, 100.0, 100.0, 50.0, 80.0],
+            # 7 gaps in 0.5 ms: a burst; 7 gaps of 12.9 ms; 7 gaps of 1.4 ms: streamed; one token and a failed
+            # request do not count
+            "completion_tokens": [8, 8, 8, 1, 8],
         }
     }
-    assert repeat.deferred_share(real) == 0.5
+    assert repeat.deferred_share(real) == pytest.approx(1 / 3)
     assert repeat.deferred_share({}) is None
+    groups = repeat.deferred_breakdown([real, real])
+    assert groups["all"] == (6, pytest.approx(1 / 3))
+    assert groups["tokens 5-8"] == (6, pytest.approx(1 / 3)) and groups["tokens 32-32"] == (0, None)
+    # request 1 is sent while request 0 is in flight; 0 and 2 find the server idle
+    assert groups["sent busy"] == (2, 0.0) and groups["sent idle"] == (4, 0.5)
 
 
 def test_a_burst_is_a_whole_answer_faster_than_any_engine_step() -> None:
