@@ -301,8 +301,8 @@ def _print_table(plans: list[Plan], priced: bool) -> None:
                 load if i == 0 else "",
                 p.profile.name + (" *" if len(plan.profiles) > 1 and p is best else ""),
                 str(p.profile.gpus),
-                f"{p.prefill} ({p.prefill_share:.2f})",
-                f"{p.decode} ({p.decode_share:.2f})",
+                f"{p.prefill} ({p.prefill_share:.2f}{' burst' if p.prefill > p.prefill_need.prefill else ''})",
+                f"{p.decode} ({p.decode_share:.2f}{' burst' if p.decode > p.decode_need.decode else ''})",
                 str(p.gpus),
                 f"{p.prefill}:{p.decode}",
             ]
@@ -314,7 +314,8 @@ def _print_table(plans: list[Plan], priced: bool) -> None:
     _console.print(
         "load: req/s × mean prompt tokens (prefill sizing), req/s × mean output tokens (decode sizing); "
         "prefill/decode: instances (share = load / one instance's capacity); one ceil: ⌈p + d⌉, the "
-        "single ceil over the sum ('starves': no split of it covers both pools)"
+        "single ceil over the sum ('starves': no split of it covers both pools); 'burst': raised to clear a "
+        "burst shorter than the window within the TTFT SLO (peak sizing, as static-peak)"
     )
     if any(len(pl.profiles) > 1 for pl in plans):
         _console.print("* cheapest (by USD/h where priced, else by GPUs)")
@@ -325,7 +326,9 @@ def _print_rounding(plan: Plan) -> None:
     _console.print(
         f"[bold]{p.profile.name}: {p.prefill} prefill + {p.decode} decode = {p.instances} instances, "
         f"{p.gpus} GPUs[/bold] (each pool rounded up on its own: ⌈{p.prefill_share:.2f}⌉ + "
-        f"⌈{p.decode_share:.2f}⌉)."
+        f"⌈{p.decode_share:.2f}⌉"
+        + (f"; the trace's bursts need at least {p.burst_floor[0]} + {p.burst_floor[1]}" if any(p.burst_floor) else "")
+        + ")."
     )
     total = p.single_ceil_total
     if p.starved_by_single_ceil:
