@@ -327,7 +327,11 @@ def _print_rounding(plan: Plan) -> None:
         f"[bold]{p.profile.name}: {p.prefill} prefill + {p.decode} decode = {p.instances} instances, "
         f"{p.gpus} GPUs[/bold] (each pool rounded up on its own: ⌈{p.prefill_share:.2f}⌉ + "
         f"⌈{p.decode_share:.2f}⌉"
-        + (f"; the trace's bursts need at least {p.burst_floor[0]} + {p.burst_floor[1]}" if any(p.burst_floor) else "")
+        + (
+            f"; the trace's bursts need at least {p.burst_floor[0]} + {p.burst_floor[1]}"
+            if any(p.burst_floor)
+            else ""
+        )
         + ")."
     )
     total = p.single_ceil_total

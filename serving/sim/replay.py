@@ -380,7 +380,9 @@ def over_context(sim: Simulator) -> int:
         over = np.flatnonzero(past & ~sim.rejected_in(pool.spec.name))
         if len(over):
             i = int(over[0])
-            first = f"line {int(trace.line[i])}" if trace.line is not None else f"request {i} in arrival order"
+            first = (
+                f"line {int(trace.line[i])}" if trace.line is not None else f"request {i} in arrival order"
+            )
             warnings.warn(
                 f"{trace.source or 'trace'} (pool {pool.spec.name!r}): {len(over):,} of {len(trace):,} requests "
                 f"need more than max_model_len = {limit:,} tokens of profile {pool.spec.profile!r} (the first, "

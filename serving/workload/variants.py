@@ -294,7 +294,8 @@ def _tz_suffixed(line: bytes) -> bytes:
 # ---- hostile variants: edge cases real traffic and real files produce ------------------------------------
 
 MAX_CONTEXT_PROBE_TOKENS = 200_000  # beyond every shipped profile's context window
-MAX_KV_PROBE_TOKENS = 2_000_000  # beyond one instance's KV cache on every GPU profile (llama3-8b/a100: 434,512)
+# beyond one instance's KV cache on every GPU profile (llama3-8b/a100: 434,512 tokens)
+MAX_KV_PROBE_TOKENS = 2_000_000
 
 
 def _steady(duration_s: float, rate_rps: float, seed: int) -> Trace:

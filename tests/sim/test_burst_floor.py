@@ -8,12 +8,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.sim.capacity import burst_floor, instances_needed
+from serving.sim.capacity import DecodeCapacity, PrefillCapacity, burst_floor, instances_needed
 from serving.sim.fleet import single_pool
 from serving.sim.hardware import get_profile
 from serving.sim.latency import get_latency_model
 from serving.sim.plan import plan_capacity, trace_sizings
-from serving.sim.replay import PolicyOptions, make_policy, peak_windows, replay, static_peak_counts
+from serving.sim.replay import (
+    PeakWindow,
+    PolicyOptions,
+    make_policy,
+    peak_windows,
+    replay,
+    static_peak_counts,
+)
 from serving.workload.trace import Trace
 
 PROFILE = "llama3-8b/a100"
@@ -80,36 +87,39 @@ def test_steady_traffic_is_sized_by_its_rate_alone(rate_rps: float) -> None:
     by_prompt, by_output = peak_windows(trace)
     profile, model = get_profile(PROFILE), get_latency_model(PROFILE)
 
-    def rate_sized(w: object) -> tuple[int, int]:
-        n = instances_needed(profile, model, w.rate_rps, w.mean_prompt_tokens, w.mean_output_tokens,  # type: ignore[attr-defined]
-                             pool.slo_ttft_ms, pool.slo_itl_ms, headroom=0.2)  # type: ignore[attr-defined]  # fmt: skip
+    def rate_sized(w: PeakWindow) -> tuple[int, int]:
+        n = instances_needed(profile, model, w.rate_rps, w.mean_prompt_tokens, w.mean_output_tokens,
+                             pool.slo_ttft_ms, pool.slo_itl_ms, headroom=0.2)  # fmt: skip
         return max(n.prefill, 1), max(n.decode, 1)
 
-    assert static_peak_counts(pool, trace) == {"prefill": rate_sized(by_prompt)[0], "decode": rate_sized(by_output)[1]}
+    wanted = {"prefill": rate_sized(by_prompt)[0], "decode": rate_sized(by_output)[1]}
+    assert static_peak_counts(pool, trace) == wanted
 
 
-def capacities() -> tuple[object, object]:
+def capacities() -> tuple[PrefillCapacity, DecodeCapacity]:
     n = instances_needed(get_profile(PROFILE), get_latency_model(PROFILE), 1.0, 1000.0, 100.0, 1000.0, 50.0)
     return n.prefill_capacity, n.decode_capacity
 
 
-def test_an_empty_trace_needs_no_burst_floor_and_one_huge_prompt_needs_one_instance() -> None:
+def floor_of(arrival_s: list[float], prompt: list[int], output: list[int]) -> tuple[int, int]:
     pre, dec = capacities()
-    empty = np.zeros(0)
-    assert burst_floor(empty, empty.astype(np.int64), empty.astype(np.int64), pre, dec, 1000.0,  # type: ignore[arg-type]
-                       window_s=60.0) == (0, 0)  # fmt: skip
+    ints = np.int64
+    return burst_floor(np.array(arrival_s, dtype=np.float64), np.array(prompt, dtype=ints),
+                       np.array(output, dtype=ints), pre, dec, 1000.0, window_s=60.0)  # fmt: skip
+
+
+def test_an_empty_trace_needs_no_burst_floor_and_one_huge_prompt_needs_one_instance() -> None:
+    assert floor_of([], [], []) == (0, 0)
     # one prompt prefills on one instance: more instances would not clear it sooner
-    one = burst_floor(np.zeros(1), np.array([120_000]), np.array([10]), pre, dec, 1000.0, window_s=60.0)  # type: ignore[arg-type]
-    assert one == (1, 1)
+    assert floor_of([0.0], [120_000], [10]) == (1, 1)
 
 
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 400), extra=st.integers(1, 400), prompt=st.integers(100, 8000))
 def test_more_requests_at_one_instant_never_lower_the_floor(n: int, extra: int, prompt: int) -> None:
-    pre, dec = capacities()
 
     def floor(k: int) -> tuple[int, int]:
-        return burst_floor(np.zeros(k), np.full(k, prompt), np.full(k, 100), pre, dec, 1000.0, window_s=60.0)  # type: ignore[arg-type]
+        return floor_of([0.0] * k, [prompt] * k, [100] * k)
 
     small, big = floor(n), floor(n + extra)
     assert big[0] >= small[0] and big[1] >= small[1]

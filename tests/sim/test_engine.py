@@ -389,7 +389,9 @@ def test_pools_are_isolated() -> None:
 def test_request_larger_than_kv_is_rejected_naming_it_and_the_rest_is_served() -> None:
     from serving.sim.engine import RejectedRequestWarning
 
-    with pytest.warns(RejectedRequestWarning, match=r"request 1 \(arrival order\).* 20,001 KV tokens on a mixed"):
+    with pytest.warns(
+        RejectedRequestWarning, match=r"request 1 \(arrival order\).* 20,001 KV tokens on a mixed"
+    ):
         sim = sim_of(single_pool(mixed=1), trace([0.0, 1.0, 2.0], [10, 20000, 10], [1, 1, 1]))
     sim.run_to_completion()
     rep = sim.report()

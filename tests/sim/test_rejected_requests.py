@@ -120,7 +120,9 @@ LAT = AnalyticLatency(base_ms=10.0, prefill_ms_per_token=0.01)
     outputs=st.integers(0, 3000),
     mixed=st.booleans(),
 )
-def test_every_request_is_completed_rejected_or_unfinished(prompts: list[int], outputs: int, mixed: bool) -> None:
+def test_every_request_is_completed_rejected_or_unfinished(
+    prompts: list[int], outputs: int, mixed: bool
+) -> None:
     n = len(prompts)
     trace = Trace.from_arrays(np.arange(n) * 0.1, np.array(prompts), np.full(n, outputs))
     fleet = single_pool(mixed=1) if mixed else single_pool()

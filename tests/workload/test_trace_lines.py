@@ -61,7 +61,7 @@ def test_concatenation_keeps_lines_only_when_every_part_has_them(tmp_path: Path)
 
 
 def test_a_line_column_of_the_wrong_length_is_refused() -> None:
-    with pytest.raises(ValueError, match="Trace.line has 1 rows, arrival_s has 2"):
+    with pytest.raises(ValueError, match=r"Trace\.line has 1 rows, arrival_s has 2"):
         Trace(
             arrival_s=np.zeros(2), prompt_tokens=np.ones(2, dtype=np.int64), output_tokens=np.ones(2, dtype=np.int64),
             priority=np.ones(2, dtype=np.int8), model=np.full(2, -1, dtype=np.int16), failed=np.zeros(2, dtype=bool),
