@@ -267,6 +267,13 @@ class Simulator:
     arrival, seconds before the decode instances generate it). ``tail``:
     promotion of requests left waiting (see the module doc); None = off. ``gateway``: the pools' gateway
     queues (:class:`serving.sim.router.GatewayPolicy`; see the module doc); None = off.
+
+    A request no instance of its pool can hold (:func:`kv_rejected`: prompt + 1 KV tokens above a prefill
+    instance's cache, prompt + output above a decode or mixed instance's) is rejected, as a real vLLM server
+    refuses it (HTTP 400: longer than ``max_model_len``, which vLLM never lets exceed the KV cache) and serves
+    the rest: it never arrives, so no instance, metric or router counter sees it; ``rejected`` marks it (a
+    bool per request), the report counts it (an SLO miss), and one :class:`RejectedRequestWarning` per pool
+    names the first by its trace line.
     """
 
     def __init__(

@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from serving.sim.engine import served_trace
+from serving.sim.fleet import single_pool
 from serving.sim.hardware import ProfileError
 from serving.sim.plan import (
     DEFAULT_HEADROOM,
@@ -143,6 +145,7 @@ def plan_cmd(
       pdscale plan --rate-rps 20 --isl 1024 --osl 256 --slo-ttft-ms 500 --slo-itl-ms 30 --placement compare
     """
     profiles = profile or ["llama3-8b/a100"]
+    rejected = 0  # requests of --trace that fit no instance of the first profile
     try:
         prices = parse_prices(price or [])
         if trace is not None:
@@ -151,6 +154,15 @@ def plan_cmd(
             from serving.workload.readers import read_trace
 
             loaded = read_trace(trace)
+            everything = len(loaded)
+            # sized as the simulator serves it: without the requests no instance of the first profile holds
+            loaded = served_trace(single_pool(profile=profiles[0]).pools[0], loaded)
+            rejected = everything - len(loaded)
+            if rejected:
+                _console.print(
+                    f"{rejected:,} of {everything:,} requests fit no {profiles[0]} instance's KV cache: a real vLLM "
+                    "server refuses them (HTTP 400) and the simulator rejects them, so they are not sized for"
+                )
             sizings = trace_sizings(loaded, window_s)
         else:
             if rate_rps is None or isl is None or osl is None:
@@ -183,6 +195,7 @@ def plan_cmd(
     result: dict[str, object] = dict(plans[0].to_json())
     if trace is not None:
         result["trace"] = str(trace)
+        result["rejected"] = rejected
         result["window_s"] = window_s
         result["sizings"] = {pl.sizing.name: pl.to_json() for pl in plans}
     if (verify or placement == "compare") and loaded is None:

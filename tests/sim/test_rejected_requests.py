@@ -139,3 +139,25 @@ def test_every_request_is_completed_rejected_or_unfinished(
     assert rep.rejected == int(too_big.sum())
     assert rep.requests == rep.completed + rep.rejected + rep.unfinished
     assert rep.unfinished == 0  # everything that fits is served
+
+
+def test_pdscale_plan_sizes_the_served_requests_and_says_how_many_it_left_out(tmp_path: Path) -> None:
+    from serving.sim.plan_cli import plan_cmd
+
+    path, out = tmp_path / "t.csv", tmp_path / "plan.json"
+    write_trace(code_like(), path, "azure")
+    app = typer.Typer()
+    app.command()(plan_cmd)
+
+    def args(trace: Path) -> list[str]:
+        return ["--trace", str(trace), "--slo-ttft-ms", "1000", "--slo-itl-ms", "50", "--json", str(out)]
+
+    result = CliRunner().invoke(app, args(path))
+    assert result.exit_code == 0, result.output  # the 2M-token prompts made the peak window's mean unservable
+    doc = json.loads(out.read_text())
+    assert doc["rejected"] == 2 and "2 of 40 requests" in result.output
+    alone = tmp_path / "served.csv"
+    write_trace(code_like(40, ()).take(np.flatnonzero(~np.isin(np.arange(40), [1, 3]))), alone, "azure")
+    CliRunner().invoke(app, args(alone))
+    served = json.loads(out.read_text())
+    assert (doc["prefill"], doc["decode"]) == (served["prefill"], served["decode"])
