@@ -5,8 +5,8 @@ Prometheus-like scrape, instance counts per role and state, router queues, the f
 :class:`ScaleCommand` s, applied through ``Simulator.set_target`` (idempotent, clamped).
 
 Policies are registered by name. Built in here: ``fixed`` (the counts given, held constant) and
-``static-peak`` (sized once with the capacity model for the trace's peak 60-second windows, the "meets the
-SLO at a high cost" baseline). The controller package registers ``reactive``, ``dynamo-like``, ``predictive``, ``oracle``
+``static-peak`` (sized once with the capacity model for the trace's peak 60-second windows and its shorter
+bursts, the "meets the SLO at a high cost" baseline). The controller package registers ``reactive``, ``dynamo-like``, ``predictive``, ``oracle``
 with :func:`register_policy`.
 
 The fleet starts from the policy's first answer (at t=0) with those instances already loaded: a replay
@@ -259,7 +259,8 @@ def static_peak_counts(
 
 
 class StaticPeakPolicy:
-    """Fixed capacity sized once for each pool's peak 60-second windows (see :func:`static_peak_counts`)."""
+    """Fixed capacity sized once for each pool's peak 60-second windows and its bursts (see
+    :func:`static_peak_counts`)."""
 
     name = "static-peak"
 

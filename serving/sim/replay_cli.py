@@ -170,9 +170,12 @@ def replay_cmd(
     A prefill instance hands each request's KV to a decode instance (--mixed: colocated instances instead).
     Every simulated second the policy reads the per-instance vLLM metrics and sets the instance counts.
     New instances cold-start (120 s), warm standby activates in 5 s, scale-down drains.
-    The replay runs until every request has completed: none is dropped.
+    The replay runs until every request has completed: none is dropped. A request no instance can hold (a
+    prompt larger than the KV cache) is rejected, as a real vLLM server refuses it, counted as `rejected` and as
+    an SLO miss; one warning names the first by its line.
 
-    Policies: [bold]static-peak[/] (capacity model on the trace's busiest 60 s: meets the SLO at a high cost),
+    Policies: [bold]static-peak[/] (capacity model on the trace's busiest 60 s and its shorter bursts: meets the
+    SLO at a high cost),
     [bold]fixed[/] (--prefill P --decode D held constant); the controller registers more.
 
     With no --trace it replays the bundled Azure 2023 conversation trace (12k requests, 34 min).
