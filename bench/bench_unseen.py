@@ -15,7 +15,7 @@ Long variants (2 h at 30 req/s, a day at 3 req/s) run replay and bench in full.
 ``--set hostile`` (or ``all``) adds the edge cases of ``build_hostile_variants`` (silences, a flash crowd, prompts
 past the context window, one timestamp, other time zones, broken and compressed files), and ``--entries`` can add
 ``plan``, ``controller``, ``controller-config``, ``fleet``, ``tune``, ``validate`` (``run_extra``) and ``export``
-(after ``fit``); every ``--json`` they write is checked for NaN/inf and requests == completed + unfinished.
+(after ``fit``); every ``--json`` they write is checked for NaN/inf and requests == completed + rejected + unfinished.
 
 Usage: OMP_NUM_THREADS=1 nice .venv/bin/python bench/bench_unseen.py [--out /tmp/unseen] [--no-long]
        [--set generated|hostile|all] [--only NAME ...] [--entries E,...] [--json OUT]
@@ -98,9 +98,10 @@ def _check_replay(doc: dict[str, Any], requests: int) -> str:
     problems = []
     if doc.get("requests") != requests:
         problems.append(f"requests {doc.get('requests')} != {requests}")
-    if doc.get("completed", 0) + doc.get("unfinished", 0) != doc.get("requests"):  # lost without a word
+    if _settled(doc) != doc.get("requests"):  # lost without a word
         problems.append(
-            f"completed {doc.get('completed')} + unfinished {doc.get('unfinished')} != requests {doc.get('requests')}"
+            f"completed {doc.get('completed')} + rejected {doc.get('rejected', 0)} + unfinished "
+            f"{doc.get('unfinished')} != requests {doc.get('requests')}"
         )
     if doc.get("dropped", 0) != 0:
         problems.append(f"dropped {doc['dropped']}")
@@ -113,6 +114,11 @@ def _check_replay(doc: dict[str, Any], requests: int) -> str:
     return "; ".join(problems)
 
 
+def _settled(doc: dict[str, Any]) -> int:
+    """completed + rejected + unfinished of one report (every request is one of the three)."""
+    return int(doc.get("completed", 0) + doc.get("rejected", 0) + doc.get("unfinished", 0))
+
+
 def _summary_replay(doc: dict[str, Any]) -> str:
     p99 = doc["ttft_ms"]["p99"]
     return (
@@ -120,6 +126,7 @@ def _summary_replay(doc: dict[str, Any]) -> str:
         f"{doc['gpu_seconds']:,.0f} GPU-s, {doc['scale_events']} ev"
         + (f", {doc['unfinished']:,} unfinished" if doc.get("unfinished") else "")
         + (f", {doc['over_context']:,} over max_model_len" if doc.get("over_context") else "")
+        + (f", {doc['rejected']:,} rejected" if doc.get("rejected") else "")
     )
 
 
@@ -232,9 +239,10 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
             for name, f in fig["policies"].items():
                 if f.get("error"):
                     bad.append(f"{name}: {f['error'][:80]}")
-                elif f["completed"] + (f.get("unfinished") or 0) != v.requests:
+                elif _settled(f) != v.requests:
                     bad.append(
-                        f"{name}: completed {f['completed']} + unfinished {f.get('unfinished')}/{v.requests}"
+                        f"{name}: completed {f['completed']} + rejected {f.get('rejected', 0)} + unfinished "
+                        f"{f.get('unfinished')}/{v.requests}"
                     )
                 elif not f["gpu_seconds"] > 0:
                     bad.append(f"{name}: gpu_seconds {f['gpu_seconds']}")
@@ -244,8 +252,10 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
                 if f.get("slo_attainment") is not None
             )
             left = {n[:4]: f["unfinished"] for n, f in fig["policies"].items() if f.get("unfinished")}
+            refused = {n[:4]: f["rejected"] for n, f in fig["policies"].items() if f.get("rejected")}
             bad.extend(nonsense(doc))
-            return "; ".join(bad), slo_s + (f"; unfinished {left}" if left else "")
+            return "; ".join(bad), (slo_s + (f"; unfinished {left}" if left else "")
+                                    + (f"; rejected {refused}" if refused else ""))  # fmt: skip
 
         record("bench (5 policies)", [str(BIN / "pdscale"), "bench", "-t", str(v.path), "--json", str(out), *slo],
                check_bench)  # fmt: skip
@@ -282,11 +292,12 @@ def nonsense(doc: Any, where: str = "") -> list[str]:
 
 
 def _accounted(doc: dict[str, Any], where: str) -> list[str]:
-    """completed + unfinished == requests, dropped == 0, GPU-s > 0 in one report (``where`` names it)."""
+    """completed + rejected + unfinished == requests, dropped == 0, GPU-s > 0 in one report (``where`` names
+    it)."""
     bad = []
-    if doc.get("completed", 0) + doc.get("unfinished", 0) != doc.get("requests"):
-        bad.append(f"{where}: completed {doc.get('completed')} + unfinished {doc.get('unfinished')} != "
-                   f"requests {doc.get('requests')}")  # fmt: skip
+    if _settled(doc) != doc.get("requests"):
+        bad.append(f"{where}: completed {doc.get('completed')} + rejected {doc.get('rejected', 0)} + unfinished "
+                   f"{doc.get('unfinished')} != requests {doc.get('requests')}")  # fmt: skip
     if doc.get("dropped"):
         bad.append(f"{where}: dropped {doc['dropped']}")
     if not (doc.get("gpu_seconds") or 0) > 0:
@@ -299,6 +310,7 @@ def _policies_summary(doc: dict[str, Any]) -> str:
     return ", ".join(
         f"{n} {f['requests']:,} req SLO {f['slo_attainment']:.1%} {f['gpu_seconds']:,.0f} GPU-s"
         + (f" {f['unfinished']:,} unfinished" if f.get("unfinished") else "")
+        + (f" {f['rejected']:,} rejected" if f.get("rejected") else "")
         for n, f in pols.items()
     )
 

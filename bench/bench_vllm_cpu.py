@@ -960,6 +960,17 @@ def _print_validation(doc: dict[str, Any]) -> None:
             ]
         table.add_row(*row)
     Console().print(table)
+    from serving.sim.server_view import table_rows
+
+    for key, rows in (doc.get("compare_server") or {}).items():
+        server_table = Table(
+            title=f"server side: vLLM's histograms over the slice vs the simulator's ({key})"
+        )
+        for col in ("figure", "real", "sim", "sim/real", "bucket ms (real | sim)"):
+            server_table.add_column(col, justify="right")
+        for cells in table_rows(rows):
+            server_table.add_row(*cells)
+        Console().print(server_table)
     server = real.get("server_metrics") or {}
     means = {k: v for k, v in server.items() if k.endswith("_mean_ms") and not k.endswith("cumulative")}
     if means:
@@ -1042,6 +1053,16 @@ def boost_autogroups(nice: int) -> Callable[[], list[int]]:
     return done
 
 
+def warm_up(url: str, vocab: np.ndarray, prompt_tokens: tuple[int, ...] = (16, 256, 512, 64)) -> None:
+    """Unrecorded 8-token requests first: a fresh server's first requests pay allocation and lazy-init costs."""
+    for n in prompt_tokens:
+        httpx.post(
+            f"{url}/v1/completions",
+            json=completion_body(make_prompts([n], vocab, seed=99)[0], 8, stream=False),
+            timeout=120,
+        ).raise_for_status()
+
+
 def _run_probes(args: argparse.Namespace) -> None:
     model_dir = build_tiny_model(args.out / "tiny-llama")
     vocab = normal_token_ids(model_dir)
@@ -1052,12 +1073,7 @@ def _run_probes(args: argparse.Namespace) -> None:
     )
     with start_instance(cfg, args.out / "logs") as server:
         print(f"server {server.url} healthy after {server.wait_healthy():.1f} s; log {server.log_path}")
-        for n in (16, 256, 512, 64):  # warm-up: first requests pay allocation and lazy-init costs
-            httpx.post(
-                f"{server.url}/v1/completions",
-                json=completion_body(make_prompts([n], vocab, seed=99)[0], 8, stream=False),
-                timeout=120,
-            ).raise_for_status()
+        warm_up(server.url, vocab)
         rows = probe_rows(
             server,
             vocab,
@@ -1144,12 +1160,7 @@ def _run_idle_factors(args: argparse.Namespace) -> None:
             print(
                 f"server {server.url} (prefix caching {prefix}) healthy after {server.wait_healthy():.1f} s"
             )
-            for n in (16, 256, 512, 64):  # warm-up, as the other probes
-                httpx.post(
-                    f"{server.url}/v1/completions",
-                    json=completion_body(make_prompts([n], vocab, seed=99)[0], 8, stream=False),
-                    timeout=120,
-                ).raise_for_status()
+            warm_up(server.url, vocab)
             rows += asyncio.run(
                 _idle_factor_batch(server.url, vocab, args.idle_factor_reps, args.seed, prefix)
             )
@@ -1307,12 +1318,7 @@ def main() -> None:
     )
     with start_instance(cfg, args.out / "logs") as server:
         print(f"server {server.url} healthy after {server.wait_healthy():.1f} s; log {server.log_path}")
-        for n in (16, 256, 900, 64):  # warm-up: first requests pay allocation and lazy-init costs
-            httpx.post(
-                f"{server.url}/v1/completions",
-                json=completion_body(make_prompts([n], vocab, seed=99)[0], 8, stream=False),
-                timeout=120,
-            ).raise_for_status()
+        warm_up(server.url, vocab, (16, 256, 900, 64))
         rows = _prefill_rows(server, vocab, 3 * reps, args.seed)  # cheap: more repetitions
         rows += _decode_rows(server, vocab, reps, args.seed, batches)
     command = " ".join([".venv/bin/python", "bench/bench_vllm_cpu.py", *sys.argv[1:]])

@@ -134,6 +134,8 @@ def summary_table(result: DemoResult, trace_name: str) -> Table:
 
     table.add_row("requests / completed / dropped", f"{p.requests} / {p.completed} / {p.dropped}",
                   f"{r.requests} / {r.completed} / {r.dropped}", "")  # fmt: skip
+    if p.rejected or r.rejected:  # requests no instance can hold (serving.sim.report): SLO misses
+        table.add_row("rejected (fit no instance's KV cache)", f"{p.rejected}", f"{r.rejected}", "")
     table.add_row("SLO attainment", f"{p.slo_attainment:.2%}", f"{r.slo_attainment:.2%}", "")
     table.add_row("TTFT p99 ms", f"{p.ttft_ms['p99']:,.0f}", f"{r.ttft_ms['p99']:,.0f}",
                   ratio(p.ttft_ms["p99"], r.ttft_ms["p99"]))  # fmt: skip

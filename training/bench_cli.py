@@ -92,7 +92,7 @@ def bench(
     With no --trace: the bundled Azure 2023 conversation trace.
 
     One table per trace: SLO attainment (TTFT and ITL within the SLO;
-    unfinished = miss), TTFT and per-request mean ITL P50/P99, GPU-seconds,
+    unfinished or rejected = miss), TTFT and per-request mean ITL P50/P99, GPU-seconds,
     their ratio to the oracle's ('-' when the oracle did not run), and scale
     events after the starting fleet. Several traces: a last table aggregates
     them (GPU-s summed, SLO weighted by requests, percentiles pooled).
@@ -108,7 +108,8 @@ def bench(
                slo_ttft_ms, slo_itl_ms, policies: {POLICY: FIGURES}}}
       policies: {POLICY: FIGURES aggregated over the traces}
       settings: {policies, forecaster, tick_s, predictive_policy}
-      FIGURES = {error (null unless that replay failed), requests, completed, unfinished, slo_attainment,
+      FIGURES = {error (null unless that replay failed), requests, completed, unfinished, rejected (fit no
+                 instance's KV cache: refused, as vLLM does), over_context (served past max_model_len), slo_attainment,
                  ttft_ms: {p50, p90, p99}, itl_ms: {p50, p90, p99},
                  gpu_seconds, gpu_hours, gpu_ratio_to_oracle, scale_events, wall_s}
 
@@ -274,6 +275,7 @@ def _print_bench(
         )
     else:
         caption = "GPU-s and scale events summed, SLO weighted by requests, percentiles pooled"
+    rejected = any(f.rejected for f in figures.values())  # a column only when some request was rejected
     out = Table(title=f"policies side by side — {title}", caption=caption)
     out.add_column("policy", no_wrap=True)
     for label in (
@@ -284,12 +286,13 @@ def _print_bench(
         "/oracle",
         "scales",
         "unfin.",
+        *(["rej."] * rejected),
         "wall s",
     ):
         out.add_column(label, justify="right")
     for name, f in figures.items():
         if f.error is not None:
-            out.add_row(name, "[red]failed[/]", *["-"] * 7)
+            out.add_row(name, "[red]failed[/]", *["-"] * (7 + rejected))
             continue
         out.add_row(
             name,
@@ -300,6 +303,7 @@ def _print_bench(
             num(f.gpu_ratio_to_oracle, ".2f"),
             f"{f.scale_events:,}",
             f"{f.unfinished:,}",
+            *([f"{f.rejected:,}"] * rejected),
             num(f.wall_s, ".1f"),
         )
     console.print(out)

@@ -128,6 +128,7 @@ class PolicyFigures:
     wall_s: float
     error: str | None = None  # the replay failed (e.g. an SLO out of the profile's reach): figures unknown
     over_context: int = 0  # requests past the profile's max_model_len (served; see serving.sim.report)
+    rejected: int = 0  # requests no instance can hold (refused, count as SLO misses; see serving.sim.report)
 
     @staticmethod
     def failed(policy: str, requests: int, error: str) -> PolicyFigures:
@@ -146,6 +147,7 @@ class PolicyFigures:
             "requests": self.requests,
             "completed": self.completed,
             "unfinished": self.unfinished,
+            "rejected": self.rejected,
             "over_context": self.over_context,
             "slo_attainment": clean(self.slo_attainment),
             "ttft_ms": {k: clean(v) for k, v in self.ttft_ms.items()},
@@ -179,6 +181,7 @@ def policy_figures(report: ReplayReport, oracle_gpu_s: float | None) -> PolicyFi
         scale_events=report.scale_events,
         wall_s=report.wall_s,
         over_context=report.over_context,
+        rejected=report.rejected,
     )
 
 
@@ -297,6 +300,7 @@ def aggregate(benches: Sequence[TraceBench]) -> dict[str, PolicyFigures]:
             scale_events=sum(r.scale_events for r in reps),
             wall_s=sum(r.wall_s for r in reps),
             over_context=sum(r.over_context for r in reps),
+            rejected=sum(r.rejected for r in reps),
         )
     return out
 

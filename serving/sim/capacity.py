@@ -49,6 +49,7 @@ class PrefillCapacity:
     prompts_per_iteration: int  # n, prompts packed into one iteration (0 when infeasible)
     iteration_ms: float  # t_it, time of that iteration (whole prompt, chunks summed, when n = 1)
     min_ttft_ms: float  # TTFT of a lone request (no queue, no packing) incl. KV transfer
+    kv_transfer_ms: float = 0.0  # the P/D handoff of a mean prompt's KV (0 when not counted)
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def prefill_capacity(
     transfer_ms = profile.kv_transfer_ms(prompt) if include_kv_transfer else 0.0
     budget_ms = slo_ttft_ms - transfer_ms
     alone_ms = whole_prompt_ms(profile, model, prompt)
-    infeasible = PrefillCapacity(0.0, 0.0, 0.0, 0, alone_ms, alone_ms + transfer_ms)
+    infeasible = PrefillCapacity(0.0, 0.0, 0.0, 0, alone_ms, alone_ms + transfer_ms, transfer_ms)
     if alone_ms >= budget_ms:
         return infeasible
     n_max = max(1, min(profile.max_num_batched_tokens // prompt, profile.max_num_seqs))
@@ -138,7 +139,7 @@ def prefill_capacity(
     i = int(np.argmax(tps_by_n))  # the packing that sustains the most tokens within the SLO (first on ties)
     tps = float(tps_by_n[i])
     return PrefillCapacity(
-        tps, tps / prompt, float(rho[i]), int(ns[i]), float(packed[i]), alone_ms + transfer_ms
+        tps, tps / prompt, float(rho[i]), int(ns[i]), float(packed[i]), alone_ms + transfer_ms, transfer_ms
     )
 
 
@@ -345,3 +346,59 @@ def mixed_node_capacity(
     eff = mean_slowdown(slowdown, busy)
     dec = decode_capacity(dec_profile, model, slo_itl_ms / eff, ctx)
     return MixedNodeCapacity(pre, dec, slowdown, busy, eff)
+
+
+# Burst lengths the burst floor tries (s): from one instant to half the sizing window.
+BURST_SPANS_S: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+
+
+def burst_floor(
+    arrival_s: npt.NDArray[np.float64],
+    prompt_tokens: npt.NDArray[np.int64],
+    output_tokens: npt.NDArray[np.int64],
+    prefill: PrefillCapacity,
+    decode: DecodeCapacity,
+    slo_ttft_ms: float,
+    *,
+    window_s: float,
+    quantile: float = DEFAULT_TTFT_QUANTILE,
+) -> tuple[int, int]:
+    """(prefill, decode) instances a burst shorter than ``window_s`` needs, which a rate averaged over the
+    window misses (500 requests on one timestamp are 8 req/s over 60 s).
+
+    Prefill: requests arriving within d seconds bring T prompt tokens; n instances prefilling at their full rate
+    R (``prefill.tokens_per_s / utilisation``, at the packing the capacity model chose) clear them d + S after
+    the burst starts, S = ``slo_ttft_ms`` minus what a request spends past its queue (the iteration it is
+    prefilled in, as work is done in whole iterations; the KV transfer; its first decode step). The sizing
+    promises the ``quantile`` TTFT over a window, so up to (1 − quantile) of the prompt tokens of the
+    ``window_s`` window the burst opens may wait longer: n ≥ (T − (1 − quantile)·W) / (R·(d + S)), the most
+    over every start and every d in ``BURST_SPANS_S`` below ``window_s``; a prompt counts at most R·(d + S)
+    tokens (it prefills on one instance: more instances do not clear it sooner). Decode: each request holds a
+    decode slot for output × the step time at ``decode.max_batch`` from its arrival; n ≥ quantile × the peak of
+    those slots / ``max_batch``. Lengths count as at least one token, as served. (0, 0) for an empty trace or
+    an SLO out of reach (the rate sizing says so).
+    """
+    n = len(arrival_s)
+    if n == 0 or prefill.utilisation <= 0 or decode.max_batch < 1:
+        return 0, 0
+    t = np.asarray(arrival_s, dtype=np.float64)
+    prompt = np.maximum(np.asarray(prompt_tokens, dtype=np.float64), 1.0)
+    start = np.arange(n)
+    full_tps = prefill.tokens_per_s / prefill.utilisation
+    past_queue_ms = prefill.iteration_ms + prefill.kv_transfer_ms + decode.step_ms
+    slack_s = max((slo_ttft_ms - past_queue_ms) / 1000.0, 0.0)
+    need = 0.0
+    for span_s in BURST_SPANS_S:
+        if span_s >= window_s or span_s + slack_s <= 0:
+            continue
+        # one prompt runs on one instance: more instances do not clear more of it than one does in the time
+        cum = np.concatenate([[0.0], np.cumsum(np.minimum(prompt, full_tps * (span_s + slack_s)))])
+        window = cum[np.searchsorted(t, t + window_s, side="right")] - cum[start]
+        burst = cum[np.searchsorted(t, t + span_s, side="right")] - cum[start]
+        need = max(need, float(np.max(burst - (1.0 - quantile) * window)) / (full_tps * (span_s + slack_s)))
+    hold_s = np.maximum(np.asarray(output_tokens, dtype=np.float64), 1.0) * decode.step_ms / 1000.0
+    times = np.concatenate([t, t + hold_s])
+    steps = np.concatenate([np.ones(n), -np.ones(n)])
+    order = np.lexsort((steps, times))  # a slot freed at an instant is free for an arrival at that instant
+    peak = float(np.max(np.cumsum(steps[order])))
+    return math.ceil(need - 1e-9), math.ceil(quantile * peak / decode.max_batch - 1e-9)

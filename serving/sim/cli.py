@@ -325,6 +325,19 @@ def validate_cmd(
                 "-" if ratio is None else f"{ratio:.2f}",
             )
         _console.print(table)
+    from serving.sim.server_view import table_rows
+
+    for key, rows in doc["compare_server"].items():
+        table = Table(title=f"server side: vLLM's histograms over the slice vs the simulator's ({key})")
+        for col in ("figure", "real", "sim", "sim / real", "bucket ms (real | sim)"):
+            table.add_column(col, justify="right")
+        for row in table_rows(rows):
+            table.add_row(*row)
+        _console.print(table)
+    if not doc["server_view_recorded"]:
+        _console.print(
+            "the recorded real run has no server histograms (recorded before session 6): means only"
+        )
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(doc, indent=2, default=str) + "\n")

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -131,6 +132,51 @@ def default_models(profile: str) -> tuple[ProfileLike, LatencyLike]:
     from serving.sim import hardware, latency
 
     return hardware.get_profile(profile), latency.get_latency_model(profile)
+
+
+def pool_kv_tokens(spec: PoolSpec, profile: ProfileLike) -> dict[str, int]:
+    """KV tokens one instance of each role of ``spec`` holds (a mixed node's KV memory is partitioned between
+    its prefill and decode instance by ``prefill_mem_frac``)."""
+    cap = int(profile.kv_capacity_tokens)
+    out = {role: cap for role in ROLES}
+    if spec.placement == "mixed-node":
+        out["prefill"] = int(cap * spec.prefill_mem_frac)
+        out["decode"] = cap - out["prefill"]
+    return out
+
+
+def kv_needs(trace: Trace) -> dict[str, np.ndarray]:
+    """KV tokens each request of ``trace`` needs on an instance of each role: a prefill instance holds the
+    prompt and the token it samples, a decode or mixed instance the prompt and the whole output (lengths count
+    as at least one token, as served)."""
+    prompt = np.maximum(trace.prompt_tokens, 1)
+    whole = prompt + np.maximum(trace.output_tokens, 1)
+    return {"prefill": prompt + 1, "decode": whole, "mixed": whole}
+
+
+def kv_rejected(spec: PoolSpec, kv_tokens: Mapping[str, int], trace: Trace) -> np.ndarray:
+    """Bool per request of ``trace``: it does not fit the KV cache of an instance of some role of ``spec``
+    (``kv_tokens``: role -> tokens, :func:`pool_kv_tokens`), so no instance can ever serve it."""
+    needs = kv_needs(trace)
+    out = np.zeros(len(trace), dtype=bool)
+    for role in spec.roles:
+        out |= needs[role] > kv_tokens[role]
+    return out
+
+
+def served_trace(spec: PoolSpec, trace: Trace, profile: ProfileLike | None = None) -> Trace:
+    """``trace`` without the requests the simulator rejects on ``spec`` (:func:`kv_rejected`; ``profile``
+    default: the pool's registered profile); ``trace`` itself when it rejects none."""
+    if profile is None:
+        from serving.sim.hardware import get_profile
+
+        profile = get_profile(spec.profile)
+    rejected = kv_rejected(spec, pool_kv_tokens(spec, profile), trace)
+    return trace.take(np.flatnonzero(~rejected)) if rejected.any() else trace
+
+
+class RejectedRequestWarning(UserWarning):
+    """Requests that no instance of their pool can hold were rejected (see :class:`Simulator`)."""
 
 
 @dataclass(frozen=True)
@@ -198,11 +244,7 @@ class _Pool:
         self.transfer_latency_s = float(profile.kv_transfer_latency_ms) / 1000.0
         self.mixed_node = spec.placement == "mixed-node"
         self.node_serial = 0
-        cap = int(profile.kv_capacity_tokens)
-        self.kv_tokens = {role: cap for role in ROLES}
-        if self.mixed_node:  # the node's KV memory is partitioned between its two instances
-            self.kv_tokens["prefill"] = int(cap * spec.prefill_mem_frac)
-            self.kv_tokens["decode"] = cap - self.kv_tokens["prefill"]
+        self.kv_tokens = pool_kv_tokens(spec, profile)
         # mixed-node interference: a fixed factor when the spec names one, else derived from the latency model
         self.slowdown = 1.0
         self.interference: Interference | None = None
@@ -225,6 +267,13 @@ class Simulator:
     arrival, seconds before the decode instances generate it). ``tail``:
     promotion of requests left waiting (see the module doc); None = off. ``gateway``: the pools' gateway
     queues (:class:`serving.sim.router.GatewayPolicy`; see the module doc); None = off.
+
+    A request no instance of its pool can hold (:func:`kv_rejected`: prompt + 1 KV tokens above a prefill
+    instance's cache, prompt + output above a decode or mixed instance's) is rejected, as a real vLLM server
+    refuses it (HTTP 400: longer than ``max_model_len``, which vLLM never lets exceed the KV cache) and serves
+    the rest: it never arrives, so no instance, metric or router counter sees it; ``rejected`` marks it (a
+    bool per request), the report counts it (an SLO miss), and one :class:`RejectedRequestWarning` per pool
+    names the first by its trace line.
     """
 
     def __init__(
@@ -271,6 +320,8 @@ class Simulator:
         if np.any(delay_s != 0.0):
             engine_arrival_s = self.req.arrival_s + delay_s[self.req.pool]
         order = np.argsort(engine_arrival_s, kind="stable")
+        if self.rejected.any():  # never arrive: no instance can hold them (see the class doc)
+            order = order[~self.rejected[order]]
         self._arrival_order = order.tolist()
         self._arrival_times = engine_arrival_s[order].tolist()
         self._next_arrival = 0
@@ -291,24 +342,17 @@ class Simulator:
     def _build_requests(self, traces: Mapping[str, Trace]) -> tuple[RequestTable, dict[str, Trace]]:
         parts = []
         by_pool: dict[str, Trace] = {}
+        rejected: list[np.ndarray] = []
         for pool in self.pools:
             trace = traces.get(pool.spec.name)
             if trace is None:
                 trace = Trace.from_arrays(np.empty(0), np.empty(0), np.empty(0), source="empty")
             by_pool[pool.spec.name] = trace
-            prompt = np.maximum(trace.prompt_tokens, 1)
-            whole = prompt + np.maximum(trace.output_tokens, 1)
-            needs = {"prefill": prompt + 1, "decode": whole, "mixed": whole}
-            for role in pool.spec.roles:
-                cap = pool.kv_tokens[role]
-                need = needs[role]
-                if len(trace) and int(need.max()) > cap:
-                    i = int(np.argmax(need))
-                    raise ValueError(
-                        f"{trace.source or 'trace'}: request {i} needs {int(need[i])} KV tokens on a {role} "
-                        f"instance but profile {pool.spec.profile!r} holds {cap} there"
-                    )
+            rejected.append(kv_rejected(pool.spec, pool.kv_tokens, trace))
+            if rejected[-1].any():
+                _warn_rejected(pool, trace, rejected[-1])
             parts.append((trace, pool.index))
+        self.rejected = np.concatenate(rejected) if rejected else np.zeros(0, dtype=bool)
         req = RequestTable(
             np.concatenate([t.arrival_s for t, _ in parts]),
             np.concatenate([t.prompt_tokens for t, _ in parts]),
@@ -1036,7 +1080,24 @@ class Simulator:
         return total
 
     def unfinished(self) -> int:
-        return int(np.count_nonzero(self.req.completions == 0))
+        """Requests neither completed nor rejected."""
+        return int(np.count_nonzero((self.req.completions == 0) & ~self.rejected))
+
+    def rejected_in(self, pool: str) -> np.ndarray:
+        """Bool per request of ``pool``'s trace (arrival order): rejected (no instance can hold it)."""
+        p = self._pool_by_name[pool]
+        start = sum(len(self.traces[q.spec.name]) for q in self.pools[: p.index])
+        return self.rejected[start : start + len(self.traces[pool])]
+
+    @property
+    def served_traces(self) -> dict[str, Trace]:
+        """Pool -> its trace without the rejected requests (the trace itself where none is): the load the
+        fleet serves, which is what a policy sizes for."""
+        out = {}
+        for name, trace in self.traces.items():
+            mine = self.rejected_in(name)
+            out[name] = trace.take(np.flatnonzero(~mine)) if mine.any() else trace
+        return out
 
     def observe(self) -> InstanceSamples:
         """One scrape of every instance that exists now (gone ones drop out, as in Prometheus)."""
@@ -1099,6 +1160,7 @@ class Simulator:
         for i in self.instances:
             i.settle(self.now_s, req)
         done = req.completions > 0
+        rejected = self.rejected
         ttft, itl, e2e = request_latencies_ms(req.arrival_s, req.t_first_s, req.t_done_s, req.target_arr)
         slo_ttft = np.array([p.spec.slo_ttft_ms for p in self.pools])[req.pool]
         slo_itl = np.array([p.spec.slo_itl_ms for p in self.pools])[req.pool]
@@ -1110,6 +1172,7 @@ class Simulator:
                 "profile": p.spec.profile,
                 "requests": int(mine.sum()),
                 "completed": int((done & mine).sum()),
+                "rejected": int((rejected & mine).sum()),
                 "ttft_ms": percentiles(ttft[mine & done]),
                 "itl_ms": percentiles(itl[mine & done]),
                 "e2e_ms": percentiles(e2e[mine & done]),
@@ -1128,7 +1191,8 @@ class Simulator:
             profile=",".join(profiles),
             requests=req.n,
             completed=int(done.sum()),
-            unfinished=int(req.n - done.sum()),
+            unfinished=int(req.n - done.sum() - rejected.sum()),
+            rejected=int(rejected.sum()),
             ttft_ms=percentiles(ttft[done]),
             itl_ms=percentiles(itl[done]),
             e2e_ms=percentiles(e2e[done]),
@@ -1145,3 +1209,21 @@ class Simulator:
             request_itl_ms=itl,
             timeline=timeline,
         )
+
+
+def _warn_rejected(pool: _Pool, trace: Trace, rejected: np.ndarray) -> None:
+    """One warning per pool naming its first rejected request (by file line when the trace has lines)."""
+    idx = np.flatnonzero(rejected)
+    i = int(idx[np.argmin(trace.line[idx])]) if trace.line is not None else int(idx[0])
+    needs = kv_needs(trace.take(slice(i, i + 1)))
+    role = next(r for r in pool.spec.roles if int(needs[r][0]) > pool.kv_tokens[r])
+    warnings.warn(
+        f"{trace.where(i)}: {len(idx):,} of {len(trace):,} requests of pool {pool.spec.name!r} cannot fit an "
+        f"instance's KV cache (the first: {int(trace.prompt_tokens[i]):,} prompt + {int(trace.output_tokens[i]):,} "
+        f"output tokens need {int(needs[role][0]):,} KV tokens on a {role} instance; profile "
+        f"{pool.spec.profile!r} holds {pool.kv_tokens[role]:,} there); a real vLLM server refuses such a request "
+        "(HTTP 400, longer than max_model_len): rejected, counted as rejected and as missing the SLO, the rest "
+        "replayed",
+        RejectedRequestWarning,
+        stacklevel=4,
+    )

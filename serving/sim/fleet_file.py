@@ -25,9 +25,11 @@ Two ways to spend the budget (:func:`replay_fleet`):
 
 - ``shared``: one policy decides every pool in one tick with the whole budget (the controller allocates it
   by SLO risk when it binds; the simulator refuses instances beyond it). Each pool's static share (below) is
-  guaranteed to it: others borrow those GPUs only while it does not plan to use them. The controller's fleet
-  reserve step is on (``params["fleet_reserve"]``, ``controller.pipeline.FleetBudget``): each pool is held at
-  the SLO floor its last burst needed, and what plans ask beyond the floors is pooled into one reserve.
+  guaranteed to it: others borrow those GPUs only while it does not plan to use them. With two pools or more
+  the controller's fleet reserve step is on (``params["fleet_reserve"]``, ``controller.pipeline.FleetBudget``):
+  each pool is held at the SLO floor its last burst needed, and what plans ask beyond the floors is pooled
+  into one reserve. A one-pool fleet runs without it (nor shares): the same replay as ``pdscale replay
+  --policy P`` with the file's bounds, SLOs and ``gpu_budget``.
 - ``static``: the budget is split in proportion to each pool's peak demand in GPUs (the capacity model on
   the trace's busiest 60 s, :func:`serving.sim.replay.static_peak_counts`) and each pool replays alone,
   with its own copy of the policy, inside its share. The figures are summed.
@@ -244,7 +246,7 @@ def static_split(fleet: FleetSpec, traces: Mapping[str, Trace]) -> dict[str, int
 
 
 # -- replay ---------------------------------------------------------------------------------------------
-POOL_FIGURES = ("requests", "completed", "dropped", "unfinished", "slo_attainment", "gpu_seconds")
+POOL_FIGURES = ("requests", "completed", "dropped", "unfinished", "rejected", "slo_attainment", "gpu_seconds")
 
 
 @dataclass(frozen=True, eq=False)
@@ -273,7 +275,7 @@ class FleetReplay:
                 out[name] = {
                     **p,
                     "dropped": 0,
-                    "unfinished": p["requests"] - p["completed"],
+                    "unfinished": p["requests"] - p["completed"] - p["rejected"],
                     "gpu_hours": p["gpu_seconds"] / 3600.0,
                     "gpu_budget": self.budgets[name],
                     "peak_demand_gpus": self.peak_demand_gpus[name],
@@ -302,6 +304,7 @@ class FleetReplay:
             "completed": sum(r.completed for r in reports),
             "dropped": sum(r.dropped for r in reports),
             "unfinished": sum(r.unfinished for r in reports),
+            "rejected": sum(r.rejected for r in reports),
             "over_context": sum(r.over_context for r in reports),
             "slo_attainment": met / requests if requests else math.nan,
             "gpu_seconds": sum(r.gpu_seconds for r in reports),
@@ -357,8 +360,10 @@ def replay_fleet(
     handed to the policy as ``params["gpu_shares"]``, GPUs guaranteed to it: the controller lets other pools
     borrow them only while it does not plan to use them (False: SLO risk alone decides). ``reserve``: the
     controller's fleet reserve step (``params["fleet_reserve"]``: true, or a mapping of its settings; see
-    ``controller.pipeline.ReserveSettings``); None = on for ``shared`` (one controller pools the reserves),
-    off for ``static`` (independent controllers, as the issue's baseline); a value applies to both splits (so
+    ``controller.pipeline.ReserveSettings``); None = on for ``shared`` with two pools or more (one controller
+    pools the reserves), off for one pool (nothing to pool: the replay is then ``pdscale replay --policy`` on
+    the fleet's bounds and budget) and for ``static`` (independent controllers, as the issue's baseline); a
+    value applies to both splits (so
     ``static`` with ``reserve=True`` runs each pool's controller with the same step, alone in its share).
     An explicit ``params["fleet_reserve"]`` wins over all of this.
     ``progress(label, now_s, end_s)`` is called every tick.
@@ -375,7 +380,9 @@ def replay_fleet(
     options = dict(params or {})
     if pool_params:
         options[POOL_PARAMS] = {k: dict(v) for k, v in pool_params.items()}
-    use_reserve = (split == "shared") if reserve is None else reserve
+    # One pool has no other pool to pool a reserve with: the step would only trim its plans to its floor +
+    # one instance (a shared one-pool fleet then ran below `pdscale replay --policy` on the same trace).
+    use_reserve = (split == "shared" and len(fleet.pools) > 1) if reserve is None else reserve
     if use_reserve is not False and FLEET_RESERVE not in options:
         options[FLEET_RESERVE] = dict(use_reserve) if isinstance(use_reserve, Mapping) else True
     wall0 = time.perf_counter()

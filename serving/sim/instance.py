@@ -53,7 +53,9 @@ multi-token request's first token only with the rest of its answer (bench_vllm_c
 an idle request's client TTFT is ~30 ms at ``max_tokens=1`` and ~115 ms at 32). So for a fixed, deterministic
 fraction q of the requests of more than one output token (a hash of the request index) the first token reaches
 the client when the request completes: TTFT = e2e and the request's mean ITL is 0, as the client measures them.
-The engine's own schedule, the ITL histogram and the token counters are unchanged.
+The engine's own schedule, the ITL histogram and the token counters are unchanged, and so is the exported TTFT
+histogram: it is the server's view (vLLM records a first token when its API process takes it from the engine,
+before streaming it), observed at the engine's first token (session 6; until then it took the client's time).
 """
 
 from __future__ import annotations
@@ -146,6 +148,9 @@ class RequestTable:
         self.join_seq: list[int] = [0] * n  # which joining that was (tells stale finish-heap entries apart)
         self.pool_of: list[int] = self.pool.tolist()
         self.prompt_counted: list[bool] = [False] * n
+        # the TTFT histogram has the request (once, at the engine's first token; a re-prefill after a
+        # preemption, or a deferred first token reaching the client later, is not observed again)
+        self.ttft_observed: list[bool] = [False] * n
         # the entry role's router counters (requests, prompt and predicted output tokens) have counted it: a
         # request routed again after its instance failed is the same offered load, counted once
         self.entry_counted: list[bool] = [False] * n
@@ -786,16 +791,18 @@ class Instance:
 
     def _first_token(self, rid: int, now_s: float, req: RequestTable, *, final: bool = False) -> None:
         """``final``: the request's last token (a deferred first token is delivered with it)."""
+        if not req.ttft_observed[rid]:  # the server's histogram: the engine's first token, deferred or not
+            req.ttft_observed[rid] = True
+            self.ttft.observe(now_s - req.arrival[rid])
         if (
             self._defer_below
             and not final
             and req.target[rid] > 1
             and (rid * 2654435761 + 97) % 2**32 < self._defer_below
         ):
-            return  # delivered with the request's last token (module doc)
+            return  # the client gets it with the request's last token (module doc)
         if math.isnan(req.t_first_s[rid]):
             req.t_first_s[rid] = now_s
-            self.ttft.observe(now_s - req.arrival[rid])
 
     def _finish_chunks(self, now_s: float, req: RequestTable, out: SegmentResult) -> None:
         for rid, chunk in self._it_chunks:

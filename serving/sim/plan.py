@@ -11,7 +11,9 @@ this module only chooses the load to size for, compares profiles, prices them, a
 - **Trace sizing.** From a trace, loads are read off sliding ``window_s`` windows (starting at whole seconds,
   full windows only): prefill is sized for the window at a given rank of *prompt tokens*, decode for the
   window at that rank of *generated tokens* (each with that window's rate and mean lengths, as
-  ``static-peak`` does), for the peak window, the p99 and p90 windows, and the whole-trace mean.
+  ``static-peak`` does), for the peak window, the p99 and p90 windows, and the whole-trace mean. The peak
+  sizing is also at least the trace's burst floor (``serving.sim.capacity.burst_floor``: a burst shorter than
+  the window cleared within the TTFT SLO), as ``static-peak`` is, so the two agree on a burst.
 - **Checking by replay.** :func:`verify_plan` replays a trace with the ``fixed`` policy at the planned counts
   and at one instance fewer in each pool; "meets" is the simulator's SLO attainment (per request: completed,
   TTFT within the TTFT SLO, mean ITL within the ITL SLO) of at least ``min_attainment``; ``meets_p90`` is
@@ -36,7 +38,13 @@ from serving.pools.local import (
     MIXED_NODE_DEFAULT_TOTAL,
     mixed_node_share_problems,
 )
-from serving.sim.capacity import CapacityError, InstancesNeeded, derived_busy_slowdown, instances_needed
+from serving.sim.capacity import (
+    CapacityError,
+    InstancesNeeded,
+    burst_floor,
+    derived_busy_slowdown,
+    instances_needed,
+)
 from serving.sim.fleet import FleetSpec, PoolSpec, single_pool
 from serving.sim.hardware import HardwareProfile, get_profile
 from serving.sim.interference import mean_slowdown
@@ -79,11 +87,17 @@ class LoadPoint:
 
 @dataclass(frozen=True)
 class Sizing:
-    """The load each pool is sized for: prefill by prompt tokens, decode by generated tokens (may differ)."""
+    """The load each pool is sized for: prefill by prompt tokens, decode by generated tokens (may differ).
+
+    ``bursts``: the trace whose bursts shorter than ``window_s`` each pool must also clear
+    (``serving.sim.capacity.burst_floor``, as ``static-peak`` sizes); set on the peak sizing of a trace only.
+    """
 
     name: str  # "given", "peak", "p99", "p90", "mean"
     prefill_load: LoadPoint
     decode_load: LoadPoint
+    bursts: Trace | None = field(default=None, repr=False, compare=False)
+    window_s: float = DEFAULT_WINDOW_S
 
     @staticmethod
     def steady(load: LoadPoint, name: str = "given") -> Sizing:
@@ -99,14 +113,15 @@ class ProfilePlan:
     prefill_need: InstancesNeeded
     decode_need: InstancesNeeded
     price_usd_per_gpu_hour: float = math.nan  # NaN: no price given
+    burst_floor: tuple[int, int] = (0, 0)  # (prefill, decode) the sizing's bursts need (Sizing.bursts)
 
     @property
     def prefill(self) -> int:
-        return self.prefill_need.prefill
+        return max(self.prefill_need.prefill, self.burst_floor[0])
 
     @property
     def decode(self) -> int:
-        return self.decode_need.decode
+        return max(self.decode_need.decode, self.burst_floor[1])
 
     @property
     def instances(self) -> int:
@@ -135,7 +150,7 @@ class ProfilePlan:
     @property
     def starved_by_single_ceil(self) -> bool:
         """True when ⌈p + d⌉ < ⌈p⌉ + ⌈d⌉: no split of the single-ceil total covers both pools' shares."""
-        return self.single_ceil_total < self.instances
+        return self.single_ceil_total < self.prefill_need.prefill + self.decode_need.decode
 
     @property
     def pd_ratio(self) -> float:
@@ -162,6 +177,7 @@ class ProfilePlan:
                 "single_ceil_total": self.single_ceil_total,
                 "starved_by_single_ceil": self.starved_by_single_ceil,
                 "mixed": _mixed(self),
+                "burst_floor": {"prefill": self.burst_floor[0], "decode": self.burst_floor[1]},
                 "price_usd_per_gpu_hour": self.price_usd_per_gpu_hour,
                 "cost_usd_per_hour": self.cost_usd_per_hour,
                 "explain": {
@@ -292,7 +308,12 @@ def plan_capacity(
             if sizing.decode_load == sizing.prefill_load
             else _need(profile, model, sizing.decode_load, sizing.name, slo_ttft_ms, slo_itl_ms, headroom)
         )
-        out.append(ProfilePlan(profile, pre, dec, prices.get(profile.name, math.nan)))
+        burst = (0, 0)
+        if sizing.bursts is not None and len(sizing.bursts):
+            b = sizing.bursts
+            burst = burst_floor(b.arrival_s, b.prompt_tokens, b.output_tokens, pre.prefill_capacity,
+                                dec.decode_capacity, slo_ttft_ms, window_s=sizing.window_s)  # fmt: skip
+        out.append(ProfilePlan(profile, pre, dec, prices.get(profile.name, math.nan), burst))
     return Plan(sizing, slo_ttft_ms, slo_itl_ms, headroom, tuple(out))
 
 
@@ -376,9 +397,9 @@ def trace_sizings(trace: Trace, window_s: float = DEFAULT_WINDOW_S) -> tuple[Siz
             )
             out.append(Sizing.steady(mean, name))
             continue
-        out.append(
-            Sizing(name, wl.load(_rank(wl.prompt_sum, q), name), wl.load(_rank(wl.output_sum, q), name))
-        )
+        peak = trace if q == 1.0 else None  # the peak sizing also clears the trace's bursts
+        loads = wl.load(_rank(wl.prompt_sum, q), name), wl.load(_rank(wl.output_sum, q), name)
+        out.append(Sizing(name, *loads, bursts=peak, window_s=window_s))
     return tuple(out)
 
 

@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from serving.sim.engine import served_trace
+from serving.sim.fleet import single_pool
 from serving.sim.hardware import ProfileError
 from serving.sim.plan import (
     DEFAULT_HEADROOM,
@@ -143,6 +145,7 @@ def plan_cmd(
       pdscale plan --rate-rps 20 --isl 1024 --osl 256 --slo-ttft-ms 500 --slo-itl-ms 30 --placement compare
     """
     profiles = profile or ["llama3-8b/a100"]
+    rejected = 0  # requests of --trace that fit no instance of the first profile
     try:
         prices = parse_prices(price or [])
         if trace is not None:
@@ -151,6 +154,15 @@ def plan_cmd(
             from serving.workload.readers import read_trace
 
             loaded = read_trace(trace)
+            everything = len(loaded)
+            # sized as the simulator serves it: without the requests no instance of the first profile holds
+            loaded = served_trace(single_pool(profile=profiles[0]).pools[0], loaded)
+            rejected = everything - len(loaded)
+            if rejected:
+                _console.print(
+                    f"{rejected:,} of {everything:,} requests fit no {profiles[0]} instance's KV cache: a real vLLM "
+                    "server refuses them (HTTP 400) and the simulator rejects them, so they are not sized for"
+                )
             sizings = trace_sizings(loaded, window_s)
         else:
             if rate_rps is None or isl is None or osl is None:
@@ -183,6 +195,7 @@ def plan_cmd(
     result: dict[str, object] = dict(plans[0].to_json())
     if trace is not None:
         result["trace"] = str(trace)
+        result["rejected"] = rejected
         result["window_s"] = window_s
         result["sizings"] = {pl.sizing.name: pl.to_json() for pl in plans}
     if (verify or placement == "compare") and loaded is None:
@@ -301,8 +314,8 @@ def _print_table(plans: list[Plan], priced: bool) -> None:
                 load if i == 0 else "",
                 p.profile.name + (" *" if len(plan.profiles) > 1 and p is best else ""),
                 str(p.profile.gpus),
-                f"{p.prefill} ({p.prefill_share:.2f})",
-                f"{p.decode} ({p.decode_share:.2f})",
+                f"{p.prefill} ({p.prefill_share:.2f}{' burst' if p.prefill > p.prefill_need.prefill else ''})",
+                f"{p.decode} ({p.decode_share:.2f}{' burst' if p.decode > p.decode_need.decode else ''})",
                 str(p.gpus),
                 f"{p.prefill}:{p.decode}",
             ]
@@ -314,7 +327,8 @@ def _print_table(plans: list[Plan], priced: bool) -> None:
     _console.print(
         "load: req/s × mean prompt tokens (prefill sizing), req/s × mean output tokens (decode sizing); "
         "prefill/decode: instances (share = load / one instance's capacity); one ceil: ⌈p + d⌉, the "
-        "single ceil over the sum ('starves': no split of it covers both pools)"
+        "single ceil over the sum ('starves': no split of it covers both pools); 'burst': raised to clear a "
+        "burst shorter than the window within the TTFT SLO (peak sizing, as static-peak)"
     )
     if any(len(pl.profiles) > 1 for pl in plans):
         _console.print("* cheapest (by USD/h where priced, else by GPUs)")
@@ -325,7 +339,13 @@ def _print_rounding(plan: Plan) -> None:
     _console.print(
         f"[bold]{p.profile.name}: {p.prefill} prefill + {p.decode} decode = {p.instances} instances, "
         f"{p.gpus} GPUs[/bold] (each pool rounded up on its own: ⌈{p.prefill_share:.2f}⌉ + "
-        f"⌈{p.decode_share:.2f}⌉)."
+        f"⌈{p.decode_share:.2f}⌉"
+        + (
+            f"; the trace's bursts need at least {p.burst_floor[0]} + {p.burst_floor[1]}"
+            if any(p.burst_floor)
+            else ""
+        )
+        + ")."
     )
     total = p.single_ceil_total
     if p.starved_by_single_ceil:

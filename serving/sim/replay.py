@@ -5,8 +5,8 @@ Prometheus-like scrape, instance counts per role and state, router queues, the f
 :class:`ScaleCommand` s, applied through ``Simulator.set_target`` (idempotent, clamped).
 
 Policies are registered by name. Built in here: ``fixed`` (the counts given, held constant) and
-``static-peak`` (sized once with the capacity model for the trace's peak 60-second windows, the "meets the
-SLO at a high cost" baseline). The controller package registers ``reactive``, ``dynamo-like``, ``predictive``, ``oracle``
+``static-peak`` (sized once with the capacity model for the trace's peak 60-second windows and its shorter
+bursts, the "meets the SLO at a high cost" baseline). The controller package registers ``reactive``, ``dynamo-like``, ``predictive``, ``oracle``
 with :func:`register_policy`.
 
 The fleet starts from the policy's first answer (at t=0) with those instances already loaded: a replay
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from serving.sim.engine import HOLDS_GPU, ModelResolver, Simulator, TailPolicy
+from serving.sim.engine import HOLDS_GPU, ModelResolver, Simulator, TailPolicy, served_trace
 from serving.sim.fleet import FleetSpec, PoolSpec
 from serving.sim.report import ReplayReport, Timeline
 from serving.sim.router import GatewayPolicy
@@ -159,7 +159,9 @@ def peak_windows(trace: Trace, window_s: float = PEAK_WINDOW_S) -> tuple[PeakWin
     """The windows (starting at whole seconds) with the most prompt tokens and the most generated tokens.
 
     Prompt tokens drive prefill capacity, generated tokens drive decode capacity; they may peak apart.
-    Lengths are served as at least one token each, as the simulator does.
+    Lengths are served as at least one token each, as the simulator does. A trace spanning fewer whole seconds
+    than the window is one window of that many seconds (at least 1), as ``pdscale plan --trace`` reads it
+    (``serving.sim.plan.window_loads``): 500 requests on one timestamp are 500 req/s, not 500 per 60 s.
     """
     if len(trace) == 0:
         empty = PeakWindow(0.0, window_s, 0.0, 1.0, 1.0)
@@ -179,9 +181,11 @@ def peak_windows(trace: Trace, window_s: float = PEAK_WINDOW_S) -> tuple[PeakWin
 
     count, prompt_sum, output_sum = windowed(None), windowed(prompt), windowed(output)
 
+    width = min(w, n_sec)
+
     def at(i: int) -> PeakWindow:
         n = max(count[i], 1.0)
-        return PeakWindow(float(i), float(w), count[i] / w, prompt_sum[i] / n, output_sum[i] / n)
+        return PeakWindow(float(i), float(width), count[i] / width, prompt_sum[i] / n, output_sum[i] / n)
 
     return at(int(np.argmax(prompt_sum))), at(int(np.argmax(output_sum)))
 
@@ -196,21 +200,34 @@ def static_peak_counts(
     pool gets prefill + decode mixed instances (each does both jobs). A mixed-node pool gets
     ``max(prefill, decode)`` nodes sized on the node's partitioned capacities
     (``serving.sim.capacity.mixed_node_capacity``), both roles at that count. Clamped to the role's [min, max].
+    Requests the simulator rejects (no instance can hold them, ``serving.sim.engine.kv_rejected``) are no load.
+
+    Bursts shorter than the window: each role is at least what ``serving.sim.capacity.burst_floor`` says (the
+    prompt tokens of a burst prefilled within the TTFT SLO but for the share of its window the TTFT quantile
+    allows to wait; the decode slots of requests decoding at once), at the capacities of the peak windows.
     """
-    from serving.sim.capacity import instances_needed, mixed_node_capacity
+    from serving.sim.capacity import (
+        PrefillCapacity,
+        burst_floor,
+        instances_needed,
+        mixed_node_capacity,
+    )
     from serving.sim.hardware import get_profile
     from serving.sim.latency import get_latency_model
 
     profile, model = get_profile(pool.profile), get_latency_model(pool.profile)
+    trace = served_trace(pool, trace, profile)
     by_prompt, by_output = peak_windows(trace, window_s)
+    caps: dict[str, Any] = {}  # role -> the capacity the peak window of that role was sized with
 
-    def need(w: PeakWindow) -> tuple[int, int]:
+    def need(w: PeakWindow, role: str) -> tuple[int, int]:
         if pool.placement == "mixed-node":
             node = mixed_node_capacity(
                 profile, model, pool.slo_ttft_ms, pool.slo_itl_ms, max(w.mean_prompt_tokens, 1.0),
                 max(w.mean_output_tokens, 1.0), prefill_mem_frac=pool.prefill_mem_frac,
                 slowdown=pool.mixed_node_slowdown,
             )  # fmt: skip
+            caps[role] = node.prefill if role == "prefill" else node.decode
             load = w.rate_rps * (1.0 + headroom)
             pre_tps, dec_tps = node.prefill.tokens_per_s, node.decode.tokens_per_s
             pre_n = math.ceil(load * w.mean_prompt_tokens / pre_tps - 1e-9) if pre_tps > 0 else 10**6
@@ -220,9 +237,17 @@ def static_peak_counts(
             profile, model, w.rate_rps, w.mean_prompt_tokens, w.mean_output_tokens,
             pool.slo_ttft_ms, pool.slo_itl_ms, headroom=headroom,
         )  # fmt: skip
+        caps[role] = n.prefill_capacity if role == "prefill" else n.decode_capacity
         return n.prefill, n.decode
 
-    n_prefill, n_decode = need(by_prompt)[0], need(by_output)[1]
+    n_prefill, n_decode = need(by_prompt, "prefill")[0], need(by_output, "decode")[1]
+    if len(trace):
+        pre_cap: PrefillCapacity = caps["prefill"]
+        burst_p, burst_d = burst_floor(
+            trace.arrival_s, trace.prompt_tokens, trace.output_tokens, pre_cap, caps["decode"],
+            pool.slo_ttft_ms, window_s=window_s,
+        )  # fmt: skip
+        n_prefill, n_decode = max(n_prefill, burst_p), max(n_decode, burst_d)
     if pool.placement == "mixed-node":
         n_prefill = n_decode = max(n_prefill, n_decode)
     wanted = {"prefill": n_prefill, "decode": n_decode, "mixed": n_prefill + n_decode}
@@ -234,7 +259,8 @@ def static_peak_counts(
 
 
 class StaticPeakPolicy:
-    """Fixed capacity sized once for each pool's peak 60-second windows (see :func:`static_peak_counts`)."""
+    """Fixed capacity sized once for each pool's peak 60-second windows and its bursts (see
+    :func:`static_peak_counts`)."""
 
     name = "static-peak"
 
@@ -309,7 +335,7 @@ def replay(
     sim = Simulator(
         fleet, traces, models=models, tail=tail, output_predictor=output_predictor, gateway=gateway
     )
-    policy.reset(fleet, sim.traces)
+    policy.reset(fleet, sim.served_traces)  # rejected requests are no load: a policy never sees them
     _apply(sim, policy.on_tick(0.0, _view(sim)), warm=True)
     end_s = max((float(t.arrival_s[-1]) for t in sim.traces.values() if len(t)), default=0.0)
     limit_s = end_s + (drain_limit_s if drain else 0.0)
@@ -341,8 +367,9 @@ def replay(
 
 
 def over_context(sim: Simulator) -> int:
-    """Requests whose prompt + output exceeds their pool profile's ``max_model_len``; one warning names
-    the first of them per pool (a real vLLM server would refuse them; the simulator serves them)."""
+    """Requests served whose prompt + output exceeds their pool profile's ``max_model_len``; one warning names
+    the first of them per pool (a real vLLM server would refuse them; the simulator serves them). Requests
+    the simulator rejected (they fit no instance's KV cache) are not among them."""
     total = 0
     for pool in sim.pools:
         trace = sim.traces.get(pool.spec.name)
@@ -350,13 +377,17 @@ def over_context(sim: Simulator) -> int:
         if trace is None or not len(trace) or limit is None:
             continue
         limit = int(limit)
-        over = np.flatnonzero(trace.prompt_tokens + trace.output_tokens > limit)
+        past = trace.prompt_tokens + trace.output_tokens > limit
+        over = np.flatnonzero(past & ~sim.rejected_in(pool.spec.name))
         if len(over):
             i = int(over[0])
+            first = (
+                f"line {int(trace.line[i])}" if trace.line is not None else f"request {i} in arrival order"
+            )
             warnings.warn(
                 f"{trace.source or 'trace'} (pool {pool.spec.name!r}): {len(over):,} of {len(trace):,} requests "
                 f"need more than max_model_len = {limit:,} tokens of profile {pool.spec.profile!r} (the first, "
-                f"request {i} in arrival order: {int(trace.prompt_tokens[i]):,} prompt + "
+                f"{first}: {int(trace.prompt_tokens[i]):,} prompt + "
                 f"{int(trace.output_tokens[i]):,} output tokens); a real vLLM server refuses them (HTTP 400), "
                 "the simulator serves them; counted as over_context in the report",
                 OverContextWarning,

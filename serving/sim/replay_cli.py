@@ -170,9 +170,12 @@ def replay_cmd(
     A prefill instance hands each request's KV to a decode instance (--mixed: colocated instances instead).
     Every simulated second the policy reads the per-instance vLLM metrics and sets the instance counts.
     New instances cold-start (120 s), warm standby activates in 5 s, scale-down drains.
-    The replay runs until every request has completed: none is dropped.
+    The replay runs until every request has completed: none is dropped. A request no instance can hold (a
+    prompt larger than the KV cache) is rejected, as a real vLLM server refuses it, counted as `rejected` and as
+    an SLO miss; one warning names the first by its line.
 
-    Policies: [bold]static-peak[/] (capacity model on the trace's busiest 60 s: meets the SLO at a high cost),
+    Policies: [bold]static-peak[/] (capacity model on the trace's busiest 60 s and its shorter bursts: meets the
+    SLO at a high cost),
     [bold]fixed[/] (--prefill P --decode D held constant); the controller registers more.
 
     With no --trace it replays the bundled Azure 2023 conversation trace (12k requests, 34 min).
@@ -195,6 +198,10 @@ def replay_cmd(
     pool at the highest SLO risk gets the GPUs; a pool's peak-proportional share is guaranteed to it and only
     borrowed while it does not plan to use it); static: the budget is split in proportion to each trace's
     peak demand and each pool replays alone in its share. The JSON holds the fleet's figures and pools → name.
+    With two pools or more, shared also runs the controller's fleet reserve (each pool held at its last burst's
+    SLO floor, one reserve pooled for all); a one-pool fleet runs without it, so it replays as --policy P does
+    with the file's bounds and gpu_budget (bounds default to 0..64 per role in both; --policy's budget is 1,024
+    GPUs, a fleet file names its own).
 
     Example: pdscale replay --fleet examples/fleet-two-models.yaml --policy predictive --budget-split static
     """
@@ -268,6 +275,7 @@ def replay_cmd(
     rows = [
         ("requests / completed / dropped", f"{report.requests:,} / {report.completed:,} / {report.dropped}"),
         ("unfinished", f"{report.unfinished:,}"),
+        *([("rejected (fit no instance's KV cache; SLO misses)", f"{report.rejected:,}")] if report.rejected else []),
         *([("over max_model_len (served anyway)", f"{report.over_context:,}")] if report.over_context else []),
         ("TTFT ms p50 / p90 / p99", _ms(report.ttft_ms)),
         ("ITL ms (per-request mean) p50 / p90 / p99", _ms(report.itl_ms)),
@@ -362,8 +370,9 @@ def _replay_fleet(
     table = Table(
         title=f"fleet replay of {path.name} — policy {doc['policy']}, budget {doc['gpu_budget']} GPUs {split}"
     )
-    for column in ("pool", "profile", "budget / peak GPUs", "requests", "completed", "SLO attained",
-                   "TTFT p90 ms", "ITL p90 ms", "GPU-hours"):  # fmt: skip
+    rejected = doc["rejected"] > 0  # a column only when a pool rejected requests (fit no KV cache)
+    for column in ("pool", "profile", "budget / peak GPUs", "requests", "completed", *(["rejected"] * rejected),
+                   "SLO attained", "TTFT p90 ms", "ITL p90 ms", "GPU-hours"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("pool", "profile") else "right")
 
     def pct(x: float | None) -> str:
@@ -375,13 +384,13 @@ def _replay_fleet(
     for name, p in doc["pools"].items():
         table.add_row(
             name, p["profile"], f"{p['gpu_budget']} / {p['peak_demand_gpus']}", f"{p['requests']:,}",
-            f"{p['completed']:,}", pct(p["slo_attainment"]), ms(p["ttft_ms"]["p90"]), ms(p["itl_ms"]["p90"]),
-            f"{p['gpu_hours']:,.2f}",
+            f"{p['completed']:,}", *([f"{p['rejected']:,}"] * rejected), pct(p["slo_attainment"]),
+            ms(p["ttft_ms"]["p90"]), ms(p["itl_ms"]["p90"]), f"{p['gpu_hours']:,.2f}",
         )  # fmt: skip
     table.add_row(
         "[bold]fleet[/]", "", f"{doc['gpu_budget']}", f"{doc['requests']:,}", f"{doc['completed']:,}",
-        pct(doc["slo_attainment"]), ms(doc["ttft_ms"]["p90"]), ms(doc["itl_ms"]["p90"]),
-        f"{doc['gpu_hours']:,.2f}",
+        *([f"{doc['rejected']:,}"] * rejected), pct(doc["slo_attainment"]), ms(doc["ttft_ms"]["p90"]),
+        ms(doc["itl_ms"]["p90"]), f"{doc['gpu_hours']:,.2f}",
     )  # fmt: skip
     console.print(table)
     if json_out is not None:

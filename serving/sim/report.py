@@ -8,13 +8,19 @@ Definitions (fixed here so that every policy is judged alike):
 - ITL of a request: its *mean* inter-token latency, ``(t_done - t_first) / (tokens - 1)``; a one-token
   request has no ITL (NaN) and meets any ITL SLO.
 - SLO attainment: the fraction of *all* requests of the trace that completed with TTFT <= its pool's
-  ``slo_ttft_ms`` and ITL <= ``slo_itl_ms``; an unfinished request counts as a miss.
+  ``slo_ttft_ms`` and ITL <= ``slo_itl_ms``; an unfinished request counts as a miss, and so does a rejected
+  one (its client got an error, not an answer).
 - GPU-seconds: GPUs x time of every instance in a state that holds GPUs (provisioning, standby,
   activating, active, draining).
 - ``dropped`` is always 0: the simulator queues, it never drops; ``unfinished`` counts requests that had
   not completed when the replay stopped (see ``drain`` in :func:`serving.sim.replay.replay`).
-- ``over_context``: requests whose prompt + output exceeds their pool profile's ``max_model_len`` (a real
-  vLLM server refuses them with HTTP 400); the simulator serves them as if it did not, and says how many.
+- ``rejected``: requests no instance of their pool can hold (prompt + 1, or prompt + output on a decode or
+  colocated instance, above one instance's KV cache): a real vLLM server refuses them (HTTP 400, longer than
+  ``max_model_len``, which never exceeds the KV cache), so the simulator never routes them; no metric counts
+  them. ``requests == completed + rejected + unfinished``.
+- ``over_context``: requests *served* whose prompt + output exceeds their pool profile's ``max_model_len`` but
+  fits the KV cache (a real vLLM server refuses them with HTTP 400); the simulator serves them as if it did not,
+  and says how many. Rejected requests are not counted here.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ class ReplayReport:
     timeline: Timeline | None = field(default=None, repr=False)
     dropped: int = 0
     over_context: int = 0
+    rejected: int = 0
 
     def to_json(self) -> dict[str, Any]:
         def clean(x: Any) -> Any:
@@ -88,6 +95,7 @@ class ReplayReport:
             "completed": self.completed,
             "dropped": self.dropped,
             "unfinished": self.unfinished,
+            "rejected": self.rejected,
             "over_context": self.over_context,
             "ttft_ms": self.ttft_ms,
             "itl_ms": self.itl_ms,

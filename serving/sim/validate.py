@@ -18,22 +18,37 @@ Besides the client's percentiles a real run records every request's timings (``r
 server's own view over the replay window (``server_metrics``: mean queue, prefill and TTFT time from vLLM's
 histograms), and, with ``iteration_details``, every engine step's engine-timed duration (``iterations``):
 enough to tell engine time from what happens around it.
+
+Two views (session 6): ``compare`` is the client's (what the load generator timed); ``compare_server`` is the
+server's, what the controller reads: vLLM's TTFT / ITL / e2e histograms differenced over the slice
+(``server_histograms``, scraped with ``settled_scrape`` before and after) against the simulator's exported
+histograms after the replay, quantiles by the same ``histogram_quantile`` on the same buckets
+(``serving.sim.server_view``). Recordings made before session 6 have no histograms: their server side is the
+window means of ``server_metrics`` only.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from serving.pools.iterations import ITERATION_FLAG, parse_iterations
-from serving.pools.loadgen import RequestTimings, run_replay, scrape
+from serving.pools.loadgen import MetricsSnapshot, RequestTimings, run_replay, scrape
 from serving.pools.local import InstanceConfig, LocalInstance, start_instance
 from serving.pools.tinymodel import build_tiny_model, normal_token_ids
+from serving.sim import server_view
 from serving.workload.trace import Trace
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from serving.sim.fleet import FleetSpec
+    from serving.sim.replay import ReplayPolicy, ReplayView, ScaleCommand
 
 COMPARED = (("ttft_ms", "p50"), ("ttft_ms", "p90"), ("itl_ms", "p50"), ("itl_ms", "p90"))
 
@@ -122,8 +137,8 @@ def run_real(
     return run_replay(url, trace_slice, normal_token_ids(model_dir), seed=seed)
 
 
-def _server_counters(url: str) -> dict[str, float]:
-    m = scrape(url)
+def _server_counters(url: str, m: MetricsSnapshot | None = None) -> dict[str, float]:
+    m = scrape(url) if m is None else m
     names = m.names()
 
     def pick(*candidates: str) -> float:
@@ -166,6 +181,33 @@ def _window_means_ms(before: dict[str, float], after: dict[str, float]) -> dict[
         total = after[f"{key}_sum"] - before[f"{key}_sum"]
         out[f"{key}_mean_ms"] = 1e3 * total / n if n > 0 else math.nan
     return out
+
+
+def settled_scrape(
+    url: str, expect_finished: float, *, timeout_s: float = 10.0, poll_s: float = 0.2
+) -> tuple[MetricsSnapshot, bool]:
+    """A ``/metrics`` scrape once the server's e2e histogram counts ``expect_finished`` requests (or after
+    ``timeout_s``; the flag says which). vLLM records a step's stats after it hands the outputs to the
+    requests' streams, so a scrape right after the last response can miss the last requests."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = scrape(url)
+        done = m.total(f"{server_view.SERVER_HISTOGRAMS['e2e_ms']}_count")
+        if math.isfinite(done) and done >= expect_finished:
+            return m, True
+        if time.monotonic() > deadline:
+            return m, False
+        time.sleep(poll_s)
+
+
+def server_histogram_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, Any]:
+    """The server's TTFT / ITL / e2e histograms over the window between two scrapes (``BucketCounts.to_json``
+    per figure; null where the server does not export one)."""
+    out: dict[str, server_view.BucketCounts | None] = {}
+    for figure, name in server_view.SERVER_HISTOGRAMS.items():
+        b, a = server_view.from_snapshot(before, name), server_view.from_snapshot(after, name)
+        out[figure] = None if a is None else a if b is None else a.delta(b)
+    return server_view.histograms_to_json(out)
 
 
 def _iteration_summary(log_text: str) -> dict[str, Any]:
@@ -249,11 +291,15 @@ def validate(
     with start_instance(config, work_dir / "logs") as server:
         ready_s = server.wait_healthy(health_timeout_s)
         # Warm-up outside the measured slice: the first requests pay lazy initialisation.
-        run_real(scale_slice(trace, SliceSpec(n_requests=4, target_rps=4.0)), server, seed=seed + 1)
-        before = _server_counters(server.url)
+        warm = run_real(scale_slice(trace, SliceSpec(n_requests=4, target_rps=4.0)), server, seed=seed + 1)
+        scrape_before, settled_before = settled_scrape(server.url, float(np.sum(warm.ok)))
+        before = _server_counters(server.url, scrape_before)
         log_offset = server.log_path.stat().st_size
         timings = run_real(trace_slice, server, seed=seed)
-        after = _server_counters(server.url)
+        scrape_after, settled_after = settled_scrape(
+            server.url, before["e2e_request_latency_count"] + float(np.sum(timings.ok))
+        )
+        after = _server_counters(server.url, scrape_after)
         with server.log_path.open("rb") as f:
             f.seek(log_offset)
             log_text = f.read().decode(errors="replace")
@@ -263,6 +309,7 @@ def validate(
         "itl_mean_ms_cumulative": after["itl_mean_ms"],
     }
     server_metrics |= _window_means_ms(before, after)
+    server_metrics["scrapes_settled"] = settled_before and settled_after
     doc = {
         "slice": asdict(spec)
         | {
@@ -283,6 +330,8 @@ def validate(
         "real": timings.summary(),
         "requests": _request_rows(timings),
         "server_metrics": server_metrics,
+        # the server's own histograms over the slice (scrape after minus scrape before): the controller's view
+        "server_histograms": server_histogram_deltas(scrape_before, scrape_after),
     }
     if iteration_details:
         doc["iterations"] = _iteration_summary(log_text)
@@ -345,15 +394,39 @@ def simulate_slice(
 
     profile = get_profile("cpu-tiny").with_overrides(max_num_seqs=max_num_seqs)
     model = load_linear_profile(profile, latency_json or CPU_TINY_JSON)
+    policy = _KeepLastView(make_policy("fixed", PolicyOptions(mixed=1)))
     report = replay(
         single_pool(profile="cpu-tiny", mixed=1, max_per_role=1),
         {"default": trace_slice},
-        make_policy("fixed", PolicyOptions(mixed=1)),
+        policy,
         models=lambda _name: (profile, model),
     )
     doc = dict(report.to_json())
     doc["request_ttft_ms"] = [round(float(x), 3) for x in report.request_ttft_ms]  # slice order
+    if policy.view is not None:
+        # the simulator's exported histograms once the slice has drained (they start at zero: no warm-up)
+        final = policy.view.scrape()
+        doc["server_histograms"] = server_view.histograms_to_json(
+            {f: server_view.from_samples(final, name) for f, name in server_view.SERVER_HISTOGRAMS.items()}
+        )
     return doc
+
+
+class _KeepLastView:
+    """A replay policy that delegates to ``inner`` and keeps the last tick's view, whose ``scrape`` then reads
+    the simulator as the replay left it (one scrape after the replay; none during it, so nothing changes)."""
+
+    def __init__(self, inner: ReplayPolicy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.view: ReplayView | None = None
+
+    def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
+        self.inner.reset(fleet, traces)
+
+    def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
+        self.view = view
+        return self.inner.on_tick(now_s, view)
 
 
 def compare(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
@@ -411,14 +484,32 @@ def validate_against_sim(
             iteration_details=iteration_details,
         )
     root = Path(__file__).resolve().parents[2]
+    # a recording from before session 6 has no histograms, only the server's window means of TTFT and e2e
+    metrics = real.get("server_metrics") or {}
+    recorded_means = {
+        "ttft_ms": metrics.get("time_to_first_token_mean_ms"),
+        "e2e_ms": metrics.get("e2e_request_latency_mean_ms"),
+    }
     sims: dict[str, Any] = {}
     comparisons: dict[str, Any] = {}
+    server_comparisons: dict[str, Any] = {}
     for path in profile_jsons or [CPU_TINY_JSON]:
         resolved = Path(path).resolve()
         key = str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
         sims[key] = simulate_slice(trace_slice, max_num_seqs=max_num_seqs, latency_json=Path(path))
         comparisons[key] = compare(real["real"], sims[key])
-    return {"real": real, "sim": sims, "compare": comparisons}
+        server_comparisons[key] = server_view.compare_server(
+            server_view.histograms_from_json(real.get("server_histograms")),
+            server_view.histograms_from_json(sims[key].get("server_histograms")),
+            real_means_ms=recorded_means,
+        )
+    return {
+        "real": real,
+        "sim": sims,
+        "compare": comparisons,
+        "compare_server": server_comparisons,
+        "server_view_recorded": isinstance(real.get("server_histograms"), dict),
+    }
 
 
 def ttft_by_arrival_state(

@@ -38,7 +38,13 @@ class RawChunk:
             failed=np.zeros(n, dtype=bool) if self.failed is None else self.failed,
             model_names=self.model_names,
             extra=self.extra,
+            line=np.arange(self.first_line, self.first_line + n, dtype=_line_dtype(self.first_line + n)),
         )
+
+
+def _line_dtype(last_line: int) -> type[np.signedinteger]:
+    """int32 line numbers (4 bytes a row) unless the file has more lines than int32 holds."""
+    return np.int32 if last_line < np.iinfo(np.int32).max else np.int64
 
 
 def error_at(

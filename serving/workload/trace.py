@@ -31,7 +31,9 @@ class Trace:
     """A workload as parallel arrays, one entry per request, in arrival order.
 
     ``arrival_s`` is measured from the first arrival of the file (which is 0.0); ``start_time`` is the
-    wall-clock time of that first arrival when the format carries one.
+    wall-clock time of that first arrival when the format carries one. ``line``: each row's line in the file
+    it was read from (1-based, a CSV header is line 1), so that messages about a request can name it; None for
+    a trace built in memory.
     """
 
     arrival_s: np.ndarray  # float64, non-decreasing
@@ -45,12 +47,15 @@ class Trace:
     source: str = ""
     format: str = ""
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    line: np.ndarray | None = None  # int32/int64, the row's line in its file; None = not read from a file
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
         for name in ("prompt_tokens", "output_tokens", "priority", "model", "failed"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Trace.{name} has {len(getattr(self, name))} rows, arrival_s has {n}")
+        if self.line is not None and len(self.line) != n:
+            raise ValueError(f"Trace.line has {len(self.line)} rows, arrival_s has {n}")
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -74,7 +79,15 @@ class Trace:
             source=self.source,
             format=self.format,
             extra={k: v[index] for k, v in self.extra.items()},
+            line=None if self.line is None else self.line[index],
         )
+
+    def where(self, i: int) -> str:
+        """Row ``i`` for a message: ``FILE:LINE`` when the trace was read from a file, else ``SOURCE request i``
+        (``i`` in arrival order)."""
+        if self.line is not None:
+            return f"{self.source or 'trace'}:{int(self.line[i])}"
+        return f"{self.source or 'trace'} request {i} (arrival order)"
 
     def window(self, t0_s: float, t1_s: float) -> Trace:
         """Requests arriving in [t0_s, t1_s)."""
@@ -114,7 +127,7 @@ def concat_traces(traces: Sequence[Trace]) -> Trace:
 
     Metadata (start_time, source, format) comes from the first trace; ``model_names`` from the last,
     since readers only ever append names, so earlier codes stay valid. All must carry the same ``extra``
-    columns.
+    columns; ``line`` is kept when every trace has it.
     """
     if not traces:
         raise ValueError("concat_traces needs at least one trace")
@@ -137,4 +150,9 @@ def concat_traces(traces: Sequence[Trace]) -> Trace:
         source=first.source,
         format=first.format,
         extra={k: np.concatenate([t.extra[k] for t in traces]) for k in sorted(keys)},
+        line=(
+            None
+            if any(t.line is None for t in traces)
+            else np.concatenate([t.line for t in traces if t.line is not None])
+        ),
     )

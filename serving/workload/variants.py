@@ -294,6 +294,8 @@ def _tz_suffixed(line: bytes) -> bytes:
 # ---- hostile variants: edge cases real traffic and real files produce ------------------------------------
 
 MAX_CONTEXT_PROBE_TOKENS = 200_000  # beyond every shipped profile's context window
+# beyond one instance's KV cache on every GPU profile (llama3-8b/a100: 434,512 tokens)
+MAX_KV_PROBE_TOKENS = 2_000_000
 
 
 def _steady(duration_s: float, rate_rps: float, seed: int) -> Trace:
@@ -349,7 +351,7 @@ def _azure_rows(trace: Trace, stamp: Callable[[pd.Timestamp], str]) -> list[byte
 
 def build_hostile_variants(out_dir: Path, *, long: bool = True, seed: int = 0) -> list[Variant]:
     """Edge cases of traffic and of files (issues 3, 4, 5): silences, a flash crowd, a compressed day,
-    prompts past the context window, 0/1-token outputs, one timestamp for every row, timestamps in other
+    prompts past the context window, prompts past one instance's KV cache, 0/1-token outputs, one timestamp for every row, timestamps in other
     zones and spellings, trailing garbage, a header-only file, a gzip'd file, missing columns/fields, and
     (``long``) 10 h at 1 req/s. ``expect`` is what the readers must do; what the simulator does with the
     accepted ones (e.g. prompts past the context window) is the entry points' business."""
@@ -384,6 +386,13 @@ def build_hostile_variants(out_dir: Path, *, long: bool = True, seed: int = 0) -
     write_trace(over, add("hostile_prompt_over_context", F.AZURE, f"10 min of code, every 50th prompt "
                           f"{MAX_CONTEXT_PROBE_TOKENS:,} tokens (past the context window)", expect="ok",
                           requests=len(over)), F.AZURE)  # fmt: skip
+    huge = ten.take(slice(None))
+    prompts = huge.prompt_tokens.copy()
+    prompts[1::300] = MAX_KV_PROBE_TOKENS
+    huge = replace(huge, prompt_tokens=prompts)
+    write_trace(huge, add("hostile_prompt_over_kv", F.AZURE, f"10 min of code, every 300th prompt (from the "
+                          f"2nd) {MAX_KV_PROBE_TOKENS:,} tokens (past one instance's KV cache)", expect="ok",
+                          requests=len(huge)), F.AZURE)  # fmt: skip
     tiny = replace(ten, output_tokens=(np.arange(len(ten)) % 2).astype(ten.output_tokens.dtype))
     write_trace(tiny, add("hostile_output_0_or_1", F.AZURE, "10 min of code, outputs of 0 and 1 token",
                           expect="ok", requests=len(tiny)), F.AZURE)  # fmt: skip

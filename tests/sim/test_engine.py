@@ -386,9 +386,17 @@ def test_pools_are_isolated() -> None:
     assert rep.pools["b"]["slo_attainment"] == 0.0 and rep.pools["a"]["completed"] == 3
 
 
-def test_request_larger_than_kv_is_rejected_with_its_index() -> None:
-    with pytest.raises(ValueError, match="request 1 needs 20001 KV tokens on a mixed instance"):
-        sim_of(single_pool(mixed=1), trace([0.0, 1.0], [10, 20000], [1, 1]))
+def test_request_larger_than_kv_is_rejected_naming_it_and_the_rest_is_served() -> None:
+    from serving.sim.engine import RejectedRequestWarning
+
+    with pytest.warns(
+        RejectedRequestWarning, match=r"request 1 \(arrival order\).* 20,001 KV tokens on a mixed"
+    ):
+        sim = sim_of(single_pool(mixed=1), trace([0.0, 1.0, 2.0], [10, 20000, 10], [1, 1, 1]))
+    sim.run_to_completion()
+    rep = sim.report()
+    assert (rep.requests, rep.completed, rep.rejected, rep.unfinished) == (3, 2, 1, 0)
+    assert math.isnan(rep.request_ttft_ms[1]) and rep.slo_attainment == pytest.approx(2 / 3)
 
 
 def mixed_node_pool(prefill: int = 1, decode: int = 1, slowdown: float | None = 1.3) -> FleetSpec:

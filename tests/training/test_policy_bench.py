@@ -37,6 +37,7 @@ FIGURE_KEYS = {
     "completed",
     "unfinished",
     "over_context",
+    "rejected",
     "slo_attainment",
     "ttft_ms",
     "itl_ms",

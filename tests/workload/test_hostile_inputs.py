@@ -210,7 +210,7 @@ def test_every_hostile_variant_reads_as_documented(tmp_path: Path) -> None:
     from serving.workload.variants import build_hostile_variants
 
     variants = build_hostile_variants(tmp_path, long=False)
-    assert len(variants) == 18 and len({v.name for v in variants}) == 18
+    assert len(variants) == 19 and len({v.name for v in variants}) == 19
     for v in variants:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TraceWarning)
