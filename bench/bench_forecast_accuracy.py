@@ -10,7 +10,8 @@ Prints a Markdown section for docs/BENCHMARKS.md.
 ``--detector-speed``: the streaming onset detector's cost per tick for 1,000 and 10,000 nodes.
 
 ``--candidates NAME=PATH ... [--mmpp]``: candidate checkpoints beside the shipped one on the hold-outs
-(arrivals MAE against the best baseline and the noise floor, coverage, burst scores).
+(arrivals MAE against the best baseline and the noise floor, coverage, burst scores), each as the network
+alone (NAME) and inside the online forecast combination (NAME+comb; forecaster/combination.py).
 
 ``--blend``: MAE of fixed blends of the learned p50 with a baseline's (Azure traces; a negative result).
 
@@ -50,7 +51,14 @@ from forecaster.scoring import poisson_noise_floor  # noqa: E402
 from serving.workload.readers import read_trace  # noqa: E402
 from serving.workload.synthetic import SyntheticParams, _burst_factor, generate  # noqa: E402
 from serving.workload.trace import Trace  # noqa: E402
-from training.evaluate import EvaluationResult, default_checkpoint, evaluate, parse_score_from  # noqa: E402
+from training.evaluate import (  # noqa: E402
+    COMBINED,
+    LEARNED,
+    EvaluationResult,
+    default_checkpoint,
+    evaluate,
+    parse_score_from,
+)
 
 TRACES = {
     "code": "AzureLLMInferenceTrace_code.dev_before_1850.csv",
@@ -365,7 +373,7 @@ def blend_main(score_from: str) -> None:
         preds = {m.name: m.predict_series(ser.arrivals)[0] for m in make_baselines(5.0)}
         x, mask = trace_inputs(ser, lf.schema)
         t0 = trace.start_time.timestamp() if trace.start_time is not None else 0.0
-        learned = _learned_series(lf, x, mask, t0).quantiles["arrivals"][0]
+        learned = _learned_series(lf, x, mask, t0)[0].quantiles["arrivals"][0]
         idx = np.arange(n)
         parts = {"hist": (idx < first) & ~np.isnan(y), "scored": (idx >= first) & ~np.isnan(y)}
 
@@ -432,24 +440,28 @@ def candidates_main(specs: list[str], json_out: Path | None, score_from: str, wi
         doc[key] = {"_baseline": {"name_" + best_name: best, "noise_floor": floor}}
         for name, lf in models.items():
             r = evaluate(trace, score_from=score_from, with_arima=False, learned=lf, offline=True)
-            s, b = r.models["learned"], r.burst
+            b = r.burst
             _, comb = r.burst_detectors[f"{r.burst_model}+onset"]
-            lines.append(
-                f"| {key} | {name} | {fmt(s.mae)} | {s.mae / best:.3f} | {fmt(s.mae / floor)} | "
-                f"{fmt(s.coverage_p90, 3)} | {fmt(b.recall)} | {fmt(b.precision)} | {fmt(b.mean_lead_s, 1)} | "
-                f"{fmt(comb.recall)} / {fmt(comb.precision)} |"
-            )
-            doc[key][name] = {
-                "mae": s.mae,
-                "ratio_best_baseline": s.mae / best,
-                "ratio_floor": s.mae / floor,
-                "coverage_p90": s.coverage_p90,
-                "burst_recall": b.recall,
-                "burst_precision": b.precision,
-                "onsets": float(b.onsets),
-                "combined_recall": comb.recall,
-                "combined_precision": comb.precision,
-            }
+            # the network alone, then its online combination (same burst head: same burst columns)
+            for label, model_key in ((name, LEARNED), (f"{name}+comb", COMBINED)):
+                s = r.models[model_key]
+                lines.append(
+                    f"| {key} | {label} | {fmt(s.mae)} | {s.mae / best:.3f} | {fmt(s.mae / floor)} | "
+                    f"{fmt(s.coverage_p90, 3)} | {fmt(b.recall)} | {fmt(b.precision)} | {fmt(b.mean_lead_s, 1)} | "
+                    f"{fmt(comb.recall)} / {fmt(comb.precision)} |"
+                )
+                doc[key][label] = {
+                    "mae": s.mae,
+                    "ratio_best_baseline": s.mae / best,
+                    "ratio_floor": s.mae / floor,
+                    "coverage_p90": s.coverage_p90,
+                    "pinball_p90": s.pinball_p90,
+                    "burst_recall": b.recall,
+                    "burst_precision": b.precision,
+                    "onsets": float(b.onsets),
+                    "combined_recall": comb.recall,
+                    "combined_precision": comb.precision,
+                }
         print(f"{key}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     print("\n".join(lines))
     if json_out:

@@ -42,9 +42,10 @@ from typing import TYPE_CHECKING, Any, cast
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from forecaster.combination import CombinationConfig  # noqa: E402
 from serving.workload.readers import read_trace  # noqa: E402
 from serving.workload.trace import Trace  # noqa: E402
-from training.evaluate import default_checkpoint, evaluate  # noqa: E402
+from training.evaluate import COMBINED, LEARNED, default_checkpoint, evaluate  # noqa: E402
 
 if TYPE_CHECKING:
     from forecaster.streaming import LearnedForecaster, SequenceForecast
@@ -117,6 +118,8 @@ class Ensemble:
     the feature schema and horizon. Streaming an ensemble costs one ``step`` per member per tick.
     """
 
+    name = "ensemble"
+
     def __init__(self, members: list[LearnedForecaster]) -> None:
         first = members[0]
         for m in members[1:]:
@@ -140,6 +143,20 @@ class Ensemble:
         )
 
 
+def _parse_kv(text: str) -> dict[str, Any]:
+    """``k=v,k=v`` → a dict, numbers parsed (``rule=best`` stays a string)."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise SystemExit(f"--combination takes k=v pairs, got {part!r}")
+        try:
+            out[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            out[key.strip()] = value.strip()
+    return out
+
+
 def _geo(values: list[float]) -> float:
     ok = [v for v in values if v > 0 and math.isfinite(v)]
     return math.exp(sum(math.log(v) for v in ok) / len(ok)) if ok else float("nan")
@@ -161,6 +178,14 @@ def main() -> None:
     ap.add_argument("--long-slice-s", type=float, default=2400.0, help="seconds of burstgpt_2h_30rps scored")
     ap.add_argument("--arima-max-s", type=float, default=2400.0, help="no ARIMA on traces longer than this")
     ap.add_argument("--json", type=Path, help="also write every figure as JSON here")
+    ap.add_argument(
+        "--no-combination", action="store_true", help="no '+comb' columns (the online combination)"
+    )
+    ap.add_argument(
+        "--combination",
+        default="",
+        help="CombinationConfig overrides for the '+comb' columns, k=v,k=v (e.g. rule=best,halflife_s=60)",
+    )
     ap.add_argument(
         "--rows", default="", help="comma-separated substrings: score only the rows whose name contains one"
     )
@@ -195,7 +220,13 @@ def main() -> None:
         traces = {k: v for k, v in traces.items() if any(w in k for w in wanted)}
         if not traces:
             raise SystemExit(f"--rows {args.rows!r} matches no row")
-    names = list(models)
+    combo = None if args.no_combination else CombinationConfig(**_parse_kv(args.combination))
+
+    def columns(name: str) -> list[tuple[str, str]]:
+        """(column, row of evaluate's models) per model: the network, then its combination."""
+        return [(name, LEARNED)] + ([] if combo is None else [(f"{name}+comb", COMBINED)])
+
+    names = [col for name in models for col, _ in columns(name)]
     head = "| trace | req/s | score from | best baseline | MAE | " + " | ".join(
         f"{n} MAE | {n} / best" for n in names
     )
@@ -249,28 +280,38 @@ def main() -> None:
         cells = []
         for name, lf in models.items():
             learned = cast("LearnedForecaster", lf)  # an Ensemble offers what offline scoring reads
-            r = evaluate(trace, score_from=score_from, with_arima=False, learned=learned, offline=True)
-            mae = r.models["learned"].mae
-            pin = r.models["learned"].pinball_p90
-            row[name] = {
-                "mae": mae,
-                "ratio_best_baseline": mae / best,
-                "coverage_p90": r.models["learned"].coverage_p90,
-                "pinball_p90": pin,
-                "pinball_p90_ratio_best": pin / best_pin,
-            }
-            for ch in ("prompt_tokens", "gen_tokens"):
-                sc = r.token_models["learned"][ch]
-                ratio = sc.mae / tok_best[ch][1] if tok_best[ch][1] > 0 else float("nan")
-                row[name][ch] = {
-                    "mae": sc.mae,
-                    "ratio_best_baseline": ratio,
-                    "coverage_p90": sc.coverage_p90,
-                    "pinball_p90": sc.pinball_p90,
+            r = evaluate(
+                trace,
+                score_from=score_from,
+                with_arima=False,
+                learned=learned,
+                offline=True,
+                combination=combo,
+            )
+            for col, model_key in columns(name):
+                sc_a = r.models[model_key]
+                mae, pin = sc_a.mae, sc_a.pinball_p90
+                row[col] = {
+                    "mae": mae,
+                    "ratio_best_baseline": mae / best,
+                    "coverage_p90": sc_a.coverage_p90,
+                    "pinball_p90": pin,
+                    "pinball_p90_ratio_best": pin / best_pin,
                 }
-                tok_cells[ch].append(f"{ratio:.3f} | {sc.coverage_p90:.3f}")
-            p90_cells.append(f"{pin:.2f} | {r.models['learned'].coverage_p90:.3f}")
-            cells.append(f"{mae:.2f} | {mae / best:.3f}")
+                if model_key == COMBINED and r.combination is not None:
+                    row[col]["mean_weights"] = r.combination["mean_weights"]
+                for ch in ("prompt_tokens", "gen_tokens"):
+                    sc = r.token_models[model_key][ch]
+                    ratio = sc.mae / tok_best[ch][1] if tok_best[ch][1] > 0 else float("nan")
+                    row[col][ch] = {
+                        "mae": sc.mae,
+                        "ratio_best_baseline": ratio,
+                        "coverage_p90": sc.coverage_p90,
+                        "pinball_p90": sc.pinball_p90,
+                    }
+                    tok_cells[ch].append(f"{ratio:.3f} | {sc.coverage_p90:.3f}")
+                p90_cells.append(f"{pin:.2f} | {sc_a.coverage_p90:.3f}")
+                cells.append(f"{mae:.2f} | {mae / best:.3f}")
         doc[key] = row
         label = best_name + ("" if arima else " (no ARIMA)")
         lines.append(

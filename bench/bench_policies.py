@@ -23,7 +23,9 @@ does not know the future starts blind, and on a short trace the first burst alon
 The predictive policy runs with a pinned forecaster (``--forecaster holt``, the fallback the product ships
 until the learned checkpoint lands) so before/after rows compare policy logic, not forecasters; pass
 ``--forecaster default`` for whatever ``controller.forecasting`` loads, or ``--checkpoint [NAME=]PATH`` (repeatable)
-for one predictive row per learned checkpoint, labelled NAME (shipped vs candidate side by side in one run). ``--params k=v,...`` overrides
+for one predictive row per learned checkpoint, labelled NAME (shipped vs candidate side by side in one run);
+``--combination off,all,arrivals`` replays each such row with the learned forecaster outside the online
+forecast combination, inside it, and inside it for arrivals only (``controller.forecasting.with_combination``). ``--params k=v,...`` overrides
 ``PolicyConfig`` fields of the predictive policy (e.g. ``--params standby_decode=2,buffer_multiplier=2``).
 
 ``--decompose`` prints, after each predictive row, its GPU-seconds stage by stage and role by role (read back
@@ -50,7 +52,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -72,6 +74,9 @@ from serving.sim.router import GatewayPolicy
 from serving.workload.readers import read_trace
 from serving.workload.synthetic import LengthDist, SyntheticParams, generate
 from serving.workload.trace import PRIORITY_NORMAL, Trace
+
+if TYPE_CHECKING:
+    from controller.forecasting import CombinationMode
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT / "datasets" / "azure2023"
@@ -221,18 +226,31 @@ def _parse_params(text: str) -> dict[str, Any]:
     return out
 
 
-def make(name: str, forecaster: str, params: dict[str, Any], checkpoint: Path | None = None) -> ReplayPolicy:
+def make(
+    name: str,
+    forecaster: str,
+    params: dict[str, Any],
+    checkpoint: Path | None = None,
+    combination: CombinationMode | None = None,
+) -> ReplayPolicy:
     """A policy by name; the predictive one with the Holt baseline (``forecaster`` "holt"), the shipped
-    checkpoint ("default"), or the learned checkpoint at ``checkpoint`` (which wins over ``forecaster``)."""
+    checkpoint ("default"), or the learned checkpoint at ``checkpoint`` (which wins over ``forecaster``).
+    ``combination``: the learned forecaster inside the online combination ("all": every target,
+    "arrivals": arrivals only) or not ("off"); None = what ``load_default_forecaster`` does by default."""
     if name == "predictive":
         cfg = PolicyConfig(**params)
-        if checkpoint is not None:
+        if checkpoint is not None or (forecaster == "default" and combination is not None):
             from controller.forecasting import load_default_forecaster
 
             path = checkpoint
+            mode = combination
 
             def learned() -> Forecaster:
-                return load_default_forecaster(path)
+                return (
+                    load_default_forecaster(path)
+                    if mode is None
+                    else load_default_forecaster(path, combination=mode)
+                )
 
             return PredictivePolicy(cfg, forecaster=learned)
         if forecaster == "holt":
@@ -553,6 +571,13 @@ def main() -> None:
         help="predictive runs with this learned checkpoint, its rows labelled NAME (default: the file's stem);"
         " repeat it to run several checkpoints side by side (the other policies run once)",
     )
+    ap.add_argument(
+        "--combination",
+        default="default",
+        help="the learned forecaster inside the online forecast combination (forecaster.combination): off, all"
+        " (every target), arrivals (arrivals only), or a list such as off,all,arrivals (each predictive row"
+        " replayed each way, side by side); default = the controller's default",
+    )
     ap.add_argument("--params", default="", help="PolicyConfig overrides for predictive: k=v,k=v")
     ap.add_argument("--label", default="", help="a label printed in each row (e.g. before/after)")
     ap.add_argument(
@@ -590,6 +615,11 @@ def main() -> None:
         checkpoints = checkpoint_runs(args.checkpoint)
     except FileNotFoundError as exc:
         ap.error(str(exc))
+    combos: list[tuple[str, CombinationMode | None]] = []
+    for c in args.combination.split(","):
+        if c not in ("off", "all", "arrivals", "default"):
+            ap.error(f"--combination: expected off, all, arrivals (or a list of them) or default, got {c!r}")
+        combos.append((c, None if c == "default" else cast("CombinationMode", c)))
     gateways: list[tuple[str, GatewayPolicy | None]] = []
     for g in args.gateway_queue.split(","):
         if g not in ("on", "off"):
@@ -616,14 +646,17 @@ def main() -> None:
         split_s = 0.0 if args.time_split is None else args.time_split * float(trace.arrival_s[-1])
         results: dict[tuple[str, str], ReplayReport] = {}
         runs = [
-            (p, g, ck)
+            (p, g, ck, cb)
             for p in args.policies.split(",")
             for g in gateways
             for ck in (checkpoints if p == "predictive" else [("", None)])
+            for cb in (combos if p == "predictive" else [("default", None)])
         ]
-        for pol, (gw_name, gateway), (ck_name, ck_path) in runs:
+        for pol, (gw_name, gateway), (ck_name, ck_path), (cb_name, combination) in runs:
             label = args.label if len(gateways) == 1 else f"{args.label} gw {gw_name}".strip()
             label = f"{label} {ck_name}".strip()
+            if pol == "predictive" and cb_name != "default":
+                label = f"{label} comb {cb_name}".strip()
             t0 = time.perf_counter()
             name = pol
             if pol == "oracle@slo":
@@ -634,7 +667,7 @@ def main() -> None:
                     else f"oracle@slo (unreachable at h={ORACLE_SLO_MAX_H:g})"
                 )
             else:
-                policy = make(pol, args.forecaster, params, ck_path)
+                policy = make(pol, args.forecaster, params, ck_path, combination)
                 probe = ChurnProbe(policy)
                 rep = run(wl, trace, fleet, probe if args.decompose else policy, gateway)
             results.setdefault((pol, gw_name), rep)

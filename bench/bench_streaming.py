@@ -6,6 +6,7 @@ Usage::
     .venv/bin/python bench/bench_streaming.py --nodes 1000 --ticks 200 --json out/bench_streaming.json
     .venv/bin/python bench/bench_streaming.py --no-train           # skip the training-throughput figure
     .venv/bin/python bench/bench_streaming.py --level-halflife-s 60 --no-train   # a level-relative (v3) model
+    .venv/bin/python bench/bench_streaming.py --no-train --combination   # also the online combination
 
 A tick is ``LearnedForecaster.step``: encode raw channels, one LSTM step + attention over the ring per node,
 decode to totals — batched across all nodes. The naive way re-runs the network's full forward over the last
@@ -15,6 +16,9 @@ interleaved, on default hyper-parameters (hidden 64, 2 layers, 4 heads, window 6
 uncontended cost on a shared machine), and the ratio of wall medians. ``--level-halflife-s H`` benchmarks a
 level-relative model (feature schema v3, ``level_of="arrivals"``, as ``train-forecaster fit
 --level-halflife-s H --level-of arrivals`` makes): each tick also updates the per-node levels.
+``--combination`` also steps a second copy of the network inside the online forecast combination
+(``forecaster.combination.CombinedForecaster``) on the same inputs, right after the raw one: the
+"combined" line is the whole tick (network + combination), beside the raw network's.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from forecaster.combination import CombinedForecaster
 from forecaster.features import (
     DEFAULT_SCHEMA,
     LEVEL_SCHEMA_VERSION,
@@ -59,13 +64,24 @@ def _stats(wall_s: list[float], cpu_s: list[float]) -> dict[str, float]:
 
 
 def bench_ticks(
-    n: int, ticks: int, naive_every: int, seed: int = 0, schema: FeatureSchema = DEFAULT_SCHEMA
+    n: int,
+    ticks: int,
+    naive_every: int,
+    seed: int = 0,
+    schema: FeatureSchema = DEFAULT_SCHEMA,
+    combination: bool = False,
 ) -> dict[str, Any]:
     torch.manual_seed(seed)
     net = LstmAttentionNet(schema.n_inputs)
     nz = Normalizer.identity(schema)
     f = LearnedForecaster(net, schema, nz, 5.0, "bench")
     f.reset([f"node-{i}" for i in range(n)])
+    # the same network inside the online combination, stepped on the same inputs right after the raw one
+    cf = CombinedForecaster(LearnedForecaster(net, schema, nz, 5.0, "bench")) if combination else None
+    if cf is not None:
+        cf.reset([f"node-{i}" for i in range(n)])
+    comb: list[float] = []
+    comb_cpu: list[float] = []
     rng = np.random.default_rng(seed)
     w = net.window
     history = np.zeros((n, w, schema.n_inputs), dtype=np.float32)
@@ -80,6 +96,12 @@ def bench_ticks(
         t0, c0 = time.perf_counter(), time.thread_time()
         f.step(x, mask, T0_S + t)
         dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+        if cf is not None:
+            t1, c1 = time.perf_counter(), time.thread_time()
+            cf.step(x, mask, T0_S + t)
+            if t >= w + 5:
+                comb.append(time.perf_counter() - t1)
+                comb_cpu.append(time.thread_time() - c1)
         history = np.roll(history, -1, axis=1)
         lv = levels.update(x, mask) if levels is not None else None
         history[:, -1] = encode_step(x, mask, nz, T0_S + t, schema, levels=lv)
@@ -95,12 +117,15 @@ def bench_ticks(
             naive.append(time.perf_counter() - t0)
             naive_cpu.append(time.thread_time() - c0)
     s, nv = _stats(stream, stream_cpu), _stats(naive, naive_cpu)
-    return {
+    out = {
         "nodes": n,
         "stream": s,
         "naive_window_rerun": nv,
         "ratio_median": nv["median_ms"] / s["median_ms"],
     }
+    if cf is not None:
+        out["combined"] = _stats(comb, comb_cpu)
+    return out
 
 
 def bench_encode(n: int, reps: int, schema: FeatureSchema, seed: int = 0) -> dict[str, Any]:
@@ -174,6 +199,11 @@ def main() -> None:
     p.add_argument("--naive-every", type=int, default=10, help="run the naive window re-run every k ticks")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the tick benchmark")
     p.add_argument("--no-train", action="store_true", help="skip the training-throughput measurement")
+    p.add_argument(
+        "--combination",
+        action="store_true",
+        help="also step the same network inside the online forecast combination (forecaster/combination.py)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument(
         "--level-halflife-s",
@@ -200,7 +230,13 @@ def main() -> None:
         "ticks": [],
     }
     for n in a.nodes:
-        r = bench_ticks(n, a.ticks if n <= 2000 else max(a.ticks // 4, 10), a.naive_every, schema=schema)
+        r = bench_ticks(
+            n,
+            a.ticks if n <= 2000 else max(a.ticks // 4, 10),
+            a.naive_every,
+            schema=schema,
+            combination=a.combination,
+        )
         results["ticks"].append(r)
         s, nv = r["stream"], r["naive_window_rerun"]
         print(
@@ -208,6 +244,13 @@ def main() -> None:
             f"cpu {s['cpu_median_ms']:7.2f}) | naive 60-step re-run wall median {nv['median_ms']:8.1f} ms "
             f"(p10 {nv['p10_ms']:8.1f}, cpu {nv['cpu_median_ms']:8.1f}) | ratio {r['ratio_median']:.0f}x"
         )
+        if "combined" in r:
+            cb = r["combined"]
+            print(
+                f"{n:>6} nodes: combined (network + combination) wall median {cb['median_ms']:7.2f} ms "
+                f"(p10 {cb['p10_ms']:7.2f}, cpu {cb['cpu_median_ms']:7.2f}) | raw network cpu "
+                f"{s['cpu_median_ms']:7.2f} | combination adds {cb['cpu_median_ms'] - s['cpu_median_ms']:.2f} ms cpu"
+            )
     results["encode"] = []
     for n in a.nodes:
         e = bench_encode(n, 200 if n <= 2000 else 50, schema)

@@ -36,7 +36,8 @@ def check_cmd(path: Annotated[Path, typer.Argument(help="Controller config (YAML
     Exit code 0 when valid, 2 otherwise. Nothing is rewritten: a bad value is reported, never corrected.
     A valid file is summarised, with what its optional parts turn on: a local pool (actuator.pool), the GPU budget and each pool's
     guaranteed share (pools[].gpu_share), the router drain before scale-down (actuator.router_admin) and
-    the onset burst detector (forecaster_burst_detector). See docs/OPERATIONS.md for each.
+    the online forecast combination (forecaster_combination) and the onset burst detector
+    (forecaster_burst_detector). See docs/OPERATIONS.md for each.
 
     Example: pdscale config check controller.yaml
     """
@@ -72,6 +73,7 @@ def config_summary(cfg: ControllerConfig) -> list[str]:
         lines.append(
             f"router drain before scale-down: {routers}; timeout {ra.drain_timeout_s:g} s; {marking}"
         )
+    lines.append(f"online forecast combination: {cfg.forecaster_combination}")
     lines.append(f"onset burst detector: {'on' if cfg.forecaster_burst_detector else 'off'}")
     return lines
 

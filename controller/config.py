@@ -660,6 +660,17 @@ class ControllerConfig(BaseModel):
             " in replays it changed no SLO figure and added 0.2-0.7 % GPU-s (docs/BENCHMARKS.md)"
         ),
     )
+    forecaster_combination: Literal["off", "arrivals", "all"] = Field(
+        "off",
+        description=(
+            "run the learned forecaster inside the online forecast combination (forecaster.combination: per"
+            " pool, its p50/p90 mixed with EWMA, Holt and last value, weighted by each one's recent realised"
+            " loss; burst_prob unchanged; the Holt fallback is not wrapped): 'all' = arrivals and both token"
+            " targets, 'arrivals' = arrivals only (the token channels are tokens processed, capped by"
+            " capacity), 'off'. It reads the rate channels as per-second counts: meant for tick_s = 1. Off by"
+            " default: in replays it cut GPU-s but lost SLO in the first minutes (docs/BENCHMARKS.md)"
+        ),
+    )
     source: SourceConfig = Field(default_factory=SourceConfig)
     actuator: ActuatorConfig = Field(default_factory=ActuatorConfig)
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)

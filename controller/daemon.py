@@ -56,6 +56,7 @@ from forecaster.types import Forecaster
 from serving.sim.samples import InstanceSamples
 
 if TYPE_CHECKING:
+    from controller.forecasting import CombinationMode
     from serving.pools.manager import PoolManager, PoolSettings
 
 log = logging.getLogger(__name__)
@@ -412,16 +413,19 @@ class _Capture(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def load_forecaster(path: Path | None, *, burst_detector: bool = False) -> tuple[Forecaster, str | None]:
+def load_forecaster(
+    path: Path | None, *, burst_detector: bool = False, combination: CombinationMode = "off"
+) -> tuple[Forecaster, str | None]:
     """``controller.forecasting.load_default_forecaster`` plus why it fell back (None = it did not).
-    ``burst_detector``: wrap it with the onset detector (``ControllerConfig.forecaster_burst_detector``)."""
+    ``burst_detector``: wrap it with the onset detector (``ControllerConfig.forecaster_burst_detector``);
+    ``combination``: run it inside the online combination (``ControllerConfig.forecaster_combination``)."""
     from controller.forecasting import load_default_forecaster
 
     capture = _Capture()
     logger = logging.getLogger("controller.forecasting")
     logger.addHandler(capture)
     try:
-        forecaster = load_default_forecaster(path, burst_detector=burst_detector)
+        forecaster = load_default_forecaster(path, burst_detector=burst_detector, combination=combination)
     finally:
         logger.removeHandler(capture)
     return forecaster, (capture.messages[-1] if capture.messages else None)
@@ -652,8 +656,8 @@ def build_daemon(
 
     ``source`` and ``client`` (a Kubernetes ``ApiClient``) replace the ones the config describes. From the
     config: ``actuator.router_admin`` wraps the actuator in ``DrainingActuator`` (``wrap_draining``),
-    ``pools[].gpu_share`` become the pipeline's ``gpu_shares``, ``forecaster_burst_detector`` wraps the
-    forecaster with the onset detector.
+    ``pools[].gpu_share`` become the pipeline's ``gpu_shares``, ``forecaster_combination`` runs a learned
+    forecaster inside the online combination, ``forecaster_burst_detector`` wraps it with the onset detector.
 
     Kind ``local``: the daemon owns a ``PoolManager`` for ``actuator.pool`` (made by ``pool_factory``,
     default ``local_pool``; tests inject fake servers). Everything else is built first; the pool comes up
@@ -672,7 +676,9 @@ def build_daemon(
     elector = LeaderElector.from_client(client, options.leader, clock) if options.leader is not None else None
     actuator = build_actuator(cfg, options, client, clock=clock, elector=elector, pool=pool)
     forecaster, fallback = load_forecaster(
-        cfg.forecaster_checkpoint, burst_detector=cfg.forecaster_burst_detector
+        cfg.forecaster_checkpoint,
+        burst_detector=cfg.forecaster_burst_detector,
+        combination=cfg.forecaster_combination,
     )
     telemetry = Telemetry(clock, stuck_after_s=stuck_after_s(cfg))
     if audit is None and cfg.audit_log is not None:

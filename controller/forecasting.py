@@ -1,5 +1,6 @@
-"""Which forecaster the controller runs: the shipped (or configured) checkpoint, else a baseline, and
-optionally the training-free onset detector on top (``with_onset_detector``).
+"""Which forecaster the controller runs: the shipped (or configured) checkpoint, else a baseline; the
+learned one optionally inside the online forecast combination (``with_combination``), and optionally the
+training-free onset detector on top (``with_onset_detector``).
 
 torch is imported only here, and only when a checkpoint is actually loaded: the reactive fallback and
 every other policy start without it (the onset detector needs neither torch nor statsmodels).
@@ -11,12 +12,14 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 import forecaster
-from forecaster.baselines import Holt
+from forecaster.baselines import CountBaseline, Holt
 from forecaster.burst import OnsetBoostedForecaster, OnsetDetectorConfig
+from forecaster.combination import CombinationConfig, CombinedForecaster
 from forecaster.types import CHANNELS, ForecastBatch, Forecaster
 
 log = logging.getLogger(__name__)
@@ -36,12 +39,44 @@ def with_onset_detector(forecaster: Forecaster, config: OnsetDetectorConfig | No
     return OnsetBoostedForecaster(forecaster, config)
 
 
-def load_default_forecaster(path: Path | None = None, *, burst_detector: bool = False) -> Forecaster:
+def with_combination(forecaster: Forecaster, config: CombinationConfig | None = None) -> Forecaster:
+    """``forecaster`` inside the online combination with the EWMA, Holt and last-value experts
+    (``forecaster.combination.CombinedForecaster``; name ``<inner>+combination``): its p50/p90 per pool
+    become a weighted mix, by recent realised loss, of the network's and the baselines' (burst_prob stays
+    the network's). A baseline (the Holt fallback), an already combined forecaster or one with the onset
+    detector on top (combine first, then add the detector) is returned as it is.
+    Like the baselines, it reads the rate channels as per-second counts: meant for ``tick_s = 1``."""
+    if isinstance(forecaster, CombinedForecaster | CountBaseline | OnsetBoostedForecaster):
+        return forecaster
+    return CombinedForecaster(forecaster, config)
+
+
+#: ``ControllerConfig.forecaster_combination``: which targets the online combination mixes.
+CombinationMode = Literal["off", "arrivals", "all"]
+
+
+def combination_config(mode: CombinationMode) -> CombinationConfig | None:
+    """The combination's settings for a ``forecaster_combination`` mode (None = off). "arrivals" leaves the
+    token forecasts to the network: in the loop the token channels are tokens processed (capped by the
+    pool's throughput), so realised token totals would score the experts against a capped load."""
+    if mode == "off":
+        return None
+    return CombinationConfig() if mode == "all" else CombinationConfig(targets=("arrivals",))
+
+
+def load_default_forecaster(
+    path: Path | None = None, *, burst_detector: bool = False, combination: CombinationMode = "off"
+) -> Forecaster:
     """Load ``path`` (default: the shipped checkpoint). A missing, corrupt or mismatched checkpoint falls
     back to the Holt baseline, logged with the reason — the controller keeps running either way.
-    ``burst_detector``: wrap whatever was loaded (the baseline too) with ``with_onset_detector``; off by
-    default so the replay policies keep what they measure (the live daemon turns it on from its config)."""
+    ``combination``: run a learned model inside ``with_combination`` with ``combination_config(mode)``
+    (``ControllerConfig.forecaster_combination``; the Holt fallback is not wrapped). ``burst_detector``: wrap
+    whatever was loaded (the baseline too) with ``with_onset_detector``; both off by default so the replay
+    policies keep what they measure (the live daemon sets them from its config)."""
     loaded = _load(path)
+    settings = combination_config(combination)
+    if settings is not None:
+        loaded = with_combination(loaded, settings)
     return with_onset_detector(loaded) if burst_detector else loaded
 
 

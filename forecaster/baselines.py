@@ -87,6 +87,62 @@ def count_quantile(mu: np.ndarray, dispersion: np.ndarray, q: float) -> np.ndarr
     return out
 
 
+_Z_CACHE: dict[float, float] = {}
+
+
+def _normal_quantile(q: float) -> float:
+    if q not in _Z_CACHE:
+        from statistics import NormalDist
+
+        _Z_CACHE[q] = NormalDist().inv_cdf(q)
+    return _Z_CACHE[q]
+
+
+def fast_count_quantiles(
+    mu: np.ndarray, dispersion: np.ndarray, qs: Sequence[float] = (0.5, 0.9), exact_below: int = 8
+) -> np.ndarray:
+    """:func:`count_quantile` at each of ``qs`` in plain numpy, cheap enough to run every tick over many
+    nodes: ``[..., len(qs)]`` for ``mu`` and ``dispersion`` broadcast together (NaN in either gives NaN).
+
+    Exact (the CDF summed term by term) where the quantile is below ``exact_below``. Above it, the
+    Wilson-Hilferty quantile of the gamma with the same mean and variance (``mu``, ``mu * D``), rounded with
+    a continuity correction, and 0 where the negative binomial's mass at zero already reaches ``q``. Its
+    expected pinball loss is within ~1 % of the exact quantile's for ``D <= 20`` and within ~4 % up to
+    ``D = 10^4`` (token totals; tested). scipy's iterative inversion costs microseconds per value; this
+    a small fraction of that.
+    ``qs`` in increasing order.
+    """
+    q_arr = np.asarray(qs, dtype=np.float64)
+    if q_arr.ndim != 1 or not np.all((q_arr > 0.0) & (q_arr < 1.0)):
+        raise ValueError(f"qs must be quantile levels in (0, 1), got {qs}")
+    # NaN propagates through every step below (np.maximum keeps it; comparisons with it are False)
+    # D = 1 (Poisson) is taken as 1 + 1e-6: the same quantiles but at exact ties, one formula for both
+    d = np.maximum(np.asarray(dispersion, dtype=np.float64), 1.0 + 1e-6)
+    log_ratio = np.log(d) / (d - 1.0)
+    m, d = np.broadcast_arrays(np.maximum(np.asarray(mu, dtype=np.float64), 0.0), d)
+    neg_log_p0 = m * log_ratio  # -log P(N = 0): mu for a Poisson, (mu / (D - 1)) log D for an NB
+    c = d / (9.0 * np.maximum(m, 1e-300))  # 1 / (9 k) of the gamma, shape k = mu / D
+    sqrt_c, base = np.sqrt(c), 1.0 - c
+    out = np.empty((*m.shape, len(q_arr)))
+    for j, q in enumerate(q_arr):
+        y = np.maximum(base + _normal_quantile(float(q)) * sqrt_c, 0.0)
+        out[..., j] = np.ceil(m * (y * y * y) - 0.5) * (neg_log_p0 > -math.log(q))
+    flat = out.reshape(-1, len(q_arr))
+    small = np.flatnonzero(((m > 0) & (out[..., 0] < 2 * exact_below)).reshape(-1))  # qs[0] is the lowest
+    if len(small):
+        ms, ds = m.reshape(-1)[small], d.reshape(-1)[small]
+        a, b = ms / ds, 1.0 - 1.0 / ds  # pmf(k+1) = pmf(k) (a + k b) / (k + 1), Poisson and NB alike
+        pmf = np.exp(-neg_log_p0.reshape(-1)[small])
+        cdf = np.zeros(len(small))
+        below = np.zeros((len(small), len(q_arr)))  # = the quantile, while it is under exact_below
+        for k in range(exact_below):
+            cdf += pmf
+            below += cdf[:, None] < q_arr[None, :] - 1e-12
+            pmf *= (a + k * b) / (k + 1)
+        flat[small] = np.where(below < exact_below, below, np.maximum(flat[small], exact_below))
+    return np.asarray(flat.reshape(out.shape) + 0.0, dtype=np.float64)  # + 0.0: no negative zeros
+
+
 def count_exceed_prob(limit: np.ndarray, mu: np.ndarray, dispersion: np.ndarray) -> np.ndarray:
     """``P(N > limit)`` for the distribution of :func:`count_quantile`; NaN where any input is NaN."""
     from scipy import special

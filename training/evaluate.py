@@ -1,4 +1,4 @@
-"""``train-forecaster evaluate``: score every baseline (and the learned model) on one trace.
+"""``train-forecaster evaluate``: score every baseline (and the learned model, alone and combined) on one trace.
 
 The trace is read as ONE node's arrivals, binned per second from its first arrival. Second ``i`` is the
 decision made at time ``i + 1`` s after the trace start, having seen arrivals in ``[0, i + 1)``; its target
@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import numpy as np
 import typer
@@ -33,8 +34,10 @@ from forecaster.burst import (
     onset_scores,
     score_bursts,
 )
+from forecaster.combination import EXPERTS, QUANTILES, CombinationConfig, CombinedForecaster
 from forecaster.features import future_sums, series_from_trace, trace_inputs
 from forecaster.scoring import ForecastScores, poisson_noise_floor, score_forecasts
+from forecaster.types import TARGETS, ForecastBatch, Forecaster
 from serving.workload.trace import Trace
 
 if TYPE_CHECKING:
@@ -49,6 +52,9 @@ DEFAULT_CHECKPOINTS: tuple[Path, ...] = tuple(
 #: Default ``--score-from``: score the last 30 % of the trace.
 DEFAULT_SCORE_FROM = "70%"
 LEARNED = "learned"
+#: The row of the learned model's online combination with the EWMA, Holt and last-value experts
+#: (``forecaster.combination``); ``LEARNED`` stays the raw network's row.
+COMBINED = "combined"
 #: The training-free onset detector's entry in ``burst_detectors`` (``forecaster.burst.onset_scores``), and
 #: the suffix of its combination (``combine_burst``: the larger of the two) with the burst model.
 ONSET = "onset"
@@ -152,6 +158,8 @@ class EvaluationResult:
     alarms_s: np.ndarray  # decision times of the scored alarms
     # "onset" (the training-free detector) and "<burst model>+onset" (their max): (alarm threshold, scores)
     burst_detectors: dict[str, tuple[float, BurstScore]] = field(default_factory=dict)
+    # the COMBINED row's settings and its mean expert weights over the scored seconds (None: no such row)
+    combination: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The ``--json`` document (NaN written as null)."""
@@ -181,6 +189,7 @@ class EvaluationResult:
                 for name, (t, b) in self.burst_detectors.items()
             },
             "noise_floor_mae": None if math.isnan(self.noise_floor_mae) else self.noise_floor_mae,
+            **({"combination": self.combination} if self.combination is not None else {}),
         }
 
 
@@ -196,35 +205,66 @@ class _Preds:
     burst_prob: np.ndarray
 
 
-def _learned_series(lf: LearnedForecaster, x: np.ndarray, mask: np.ndarray, start_s: float) -> _Preds:
-    """Step the learned model second by second over the whole trace (N = 1), as the controller would."""
+def _preds_from(get: Callable[[str, float], np.ndarray], burst: np.ndarray) -> _Preds:
+    return _Preds({t: (get(t, 0.5), get(t, 0.9)) for t in ("arrivals", "prompt_tokens", "gen_tokens")}, burst)
+
+
+def _batch_getter(rows: list[ForecastBatch]) -> Callable[[str, float], np.ndarray]:
+    def get(target: str, q: float) -> np.ndarray:
+        field = f"{target}_p{round(q * 100)}"
+        return np.array([getattr(b, field)[0] for b in rows], dtype=np.float64)
+
+    return get
+
+
+def _learned_series(
+    lf: LearnedForecaster,
+    x: np.ndarray,
+    mask: np.ndarray,
+    start_s: float,
+    combination: CombinationConfig | None = None,
+) -> tuple[_Preds, _Preds | None, np.ndarray | None]:
+    """Step the learned model second by second over the whole trace (N = 1), as the controller would.
+
+    With ``combination``: step its :class:`CombinedForecaster` instead and return the network's own
+    forecasts, the combination's, and the combination's weights per step ``[T, E, C, Q]``.
+    """
     import torch
 
-    n_steps = len(x)
-    out = {k: np.full(n_steps, np.nan) for k in ("a50", "a90", "p50", "p90", "g50", "g90", "burst")}
-    lf.reset(["trace"])
+    model: Forecaster = lf if combination is None else CombinedForecaster(lf, combination)
+    raw_rows: list[ForecastBatch] = []
+    rows: list[ForecastBatch] = []
+    weights: list[np.ndarray] = []
+    model.reset(["trace"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one node's tiny step: extra threads only contend (20x slower on 2 busy cores)
     try:
-        for i in range(n_steps):
-            fb = lf.step(x[i : i + 1], mask[i : i + 1], now_s=start_s + i + 1.0)
-            out["a50"][i], out["a90"][i] = fb.arrivals_p50[0], fb.arrivals_p90[0]
-            out["p50"][i], out["p90"][i] = fb.prompt_tokens_p50[0], fb.prompt_tokens_p90[0]
-            out["g50"][i], out["g90"][i] = fb.gen_tokens_p50[0], fb.gen_tokens_p90[0]
-            out["burst"][i] = fb.burst_prob[0]
+        for i in range(len(x)):
+            fb = model.step(x[i : i + 1], mask[i : i + 1], now_s=start_s + i + 1.0)
+            rows.append(fb)
+            if isinstance(model, CombinedForecaster):
+                assert model.last_raw is not None
+                raw_rows.append(model.last_raw)
+                weights.append(model.weights[0].copy())
     finally:
         torch.set_num_threads(threads)
-    return _Preds(
-        {
-            "arrivals": (out["a50"], out["a90"]),
-            "prompt_tokens": (out["p50"], out["p90"]),
-            "gen_tokens": (out["g50"], out["g90"]),
-        },
-        out["burst"],
+    burst = np.array([b.burst_prob[0] for b in rows], dtype=np.float64)
+    if combination is None:
+        return _preds_from(_batch_getter(rows), burst), None, None
+    return (
+        _preds_from(_batch_getter(raw_rows), burst),
+        _preds_from(_batch_getter(rows), burst),
+        np.array(weights),
     )
 
 
-def _learned_series_offline(lf: LearnedForecaster, x: np.ndarray, mask: np.ndarray, start_s: float) -> _Preds:
+def _learned_series_offline(
+    lf: LearnedForecaster,
+    x: np.ndarray,
+    mask: np.ndarray,
+    start_s: float,
+    combination: CombinationConfig | None = None,
+) -> tuple[_Preds, _Preds | None, np.ndarray | None]:
     """What :func:`_learned_series` returns, from one full-sequence forward (``predict_sequence``; equal to
     stepping, tested): for benchmarks that score many checkpoints on long traces."""
     import torch
@@ -236,14 +276,13 @@ def _learned_series_offline(lf: LearnedForecaster, x: np.ndarray, mask: np.ndarr
         sf = lf.predict_sequence(x[None], np.asarray(mask)[None], times)
     finally:
         torch.set_num_threads(threads)
-
-    def q(target: str) -> tuple[np.ndarray, np.ndarray]:
-        return sf.get(target, 0.5)[0], sf.get(target, 0.9)[0]
-
-    return _Preds(
-        {t: q(t) for t in ("arrivals", "prompt_tokens", "gen_tokens")},
-        sf.burst_prob[0],
+    raw = _preds_from(lambda t, q: sf.get(t, q)[0], sf.burst_prob[0])
+    if combination is None:
+        return raw, None, None
+    comb, w = CombinedForecaster(lf, combination).combine_sequence(
+        x[None], np.asarray(mask)[None], sf, return_weights=True
     )
+    return raw, _preds_from(lambda t, q: comb.get(t, q)[0], comb.burst_prob[0]), w[0]
 
 
 def _baseline_series(model: CountBaseline, series: dict[str, np.ndarray]) -> _Preds:
@@ -298,6 +337,7 @@ def evaluate(
     learned: LearnedForecaster | None = None,
     onset_config: OnsetDetectorConfig | None = None,
     offline: bool = False,
+    combination: CombinationConfig | None = CombinationConfig(),  # frozen: one shared default is safe
 ) -> EvaluationResult:
     """Score every baseline, and the learned model when there is one, on ``trace`` as one node.
 
@@ -314,6 +354,12 @@ def evaluate(
 
     ``offline``: run the learned model's full-sequence forward instead of stepping it second by second
     (same numbers to float rounding; much faster on long traces; the CLI always steps).
+
+    ``combination``: besides the network's own row (``"learned"``), score its online combination with the
+    EWMA, Holt and last-value experts (``forecaster.combination``) as the row ``"combined"``, with these
+    settings; ``None`` = no such row. A ``learned`` that is already a ``CombinedForecaster`` is unwrapped
+    (its network is the ``"learned"`` row, its settings are used). ``burst_prob`` is the network's in both,
+    and the burst model stays ``"learned"``.
     """
     if horizon_s != int(horizon_s) or horizon_s < 1:
         raise EvaluationError(f"horizon_s must be a whole number of seconds >= 1, got {horizon_s}")
@@ -348,12 +394,17 @@ def evaluate(
     )
     for model in baselines:
         preds[model.name] = _baseline_series(model, series)
+    if isinstance(learned, CombinedForecaster):
+        learned, combination = cast("LearnedForecaster", learned.inner), learned.config
     lf = learned if learned is not None else _load_learned(checkpoint, use_default_checkpoint, horizon_s)
+    weights: np.ndarray | None = None
     if lf is not None:
         x, mask = trace_inputs(ser, lf.schema)
         start_epoch_s = trace.start_time.timestamp() if trace.start_time is not None else 0.0
         series_fn = _learned_series_offline if offline else _learned_series
-        preds[LEARNED] = series_fn(lf, x, mask, start_epoch_s)
+        preds[LEARNED], comb, weights = series_fn(lf, x, mask, start_epoch_s, combination)
+        if comb is not None:
+            preds[COMBINED] = comb
 
     def masked(a: np.ndarray, m: np.ndarray) -> np.ndarray:
         return np.where(m, a, np.nan)
@@ -418,7 +469,24 @@ def evaluate(
         onsets_s=(on_scored + 1).astype(np.float64),
         alarms_s=(al_scored + 1).astype(np.float64),
         burst_detectors={name: (t, b) for name, (t, _, b) in detectors.items()},
+        combination=None if weights is None else _combination_doc(combination, weights[scored]),
     )
+
+
+def _combination_doc(config: CombinationConfig | None, weights: np.ndarray) -> dict[str, Any]:
+    """The ``combination`` block of the JSON: settings, and each expert's mean weight over the scored
+    seconds per target and output (``weights [S, E, C, Q]``)."""
+    mean = weights.mean(axis=0) if len(weights) else np.full(weights.shape[1:], np.nan)
+    return {
+        "config": asdict(config) if config is not None else None,
+        "mean_weights": {
+            target: {
+                f"p{round(q * 100)}": {e: float(mean[i, k, j]) for i, e in enumerate(EXPERTS)}
+                for j, q in enumerate(QUANTILES)
+            }
+            for k, target in enumerate(TARGETS)
+        },
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -559,13 +627,22 @@ def evaluate_cmd(
         float,
         typer.Option("--max-lead-s", help="An alarm this many seconds before an onset still detects it."),
     ] = 10.0,
+    combination: Annotated[
+        bool,
+        typer.Option(
+            "--combination/--no-combination",
+            help="Also score the learned model's online combination with EWMA, Holt and last value"
+            " (row 'combined'; the row 'learned' is always the network alone).",
+        ),
+    ] = True,
 ) -> None:
     """Score forecasts of the next --horizon-s seconds of arrivals on one trace, seen as one node.
 
     Every second from --score-from on, each model forecasts how many requests arrive in the next
     horizon (p50, p90, burst probability); earlier seconds are history the models warm up on. Reports
     MAE, RMSE, pinball loss at 0.9 and p90 coverage for every baseline (last value, EWMA, Holt, seasonal
-    naive, ARIMA) and the learned model, the Poisson noise floor (the best MAE possible if arrivals were
+    naive, ARIMA), the learned model alone ("learned") and its online combination with EWMA, Holt and last
+    value ("combined", the JSON's "combination" gives each expert's mean weight), the Poisson noise floor (the best MAE possible if arrivals were
     Poisson), and burst-onset recall, precision and lead time (docs/FORECASTER.md defines all of them),
     also for the training-free onset detector and its max with the burst model (rows "onset", "...+onset").
 
@@ -592,6 +669,7 @@ def evaluate_cmd(
             use_default_checkpoint=not baselines_only,
             with_arima=arima,
             max_lead_s=max_lead_s,
+            combination=CombinationConfig() if combination else None,
         )
     except (EvaluationError, TraceError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -42,3 +42,19 @@ def test_a_trace_shorter_than_the_warm_up_prints_a_dash_not_nan(
     assert len(rows) == 1, out
     assert "nan" not in rows[0]
     assert "— (trace shorter than 600 s)" in rows[0]
+
+
+@pytest.mark.parametrize(
+    ("mode", "targets"), [("all", ("arrivals", "prompt_tokens", "gen_tokens")), ("arrivals", ("arrivals",))]
+)
+def test_combination_rows_build_the_combined_forecaster(mode: str, targets: tuple[str, ...]) -> None:
+    from forecaster.combination import CombinedForecaster
+
+    ckpt = Path(__file__).resolve().parents[2] / "forecaster" / "checkpoints" / "default.safetensors"
+    if not ckpt.exists():
+        pytest.skip("no shipped checkpoint")
+    pytest.importorskip("torch")
+    combined = bench_policies.make("predictive", "default", {}, None, mode).make_forecaster()
+    assert isinstance(combined, CombinedForecaster) and combined.config.targets == targets
+    plain = bench_policies.make("predictive", "default", {}, None, "off").make_forecaster()
+    assert not isinstance(plain, CombinedForecaster)

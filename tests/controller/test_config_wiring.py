@@ -167,6 +167,7 @@ def test_config_check_accepts_and_summarises_the_three_options(tmp_path: Path) -
         pools=[{"name": "chat", "gpu_share": 4}, {"name": "code"}],
         router_admin={"pools": {"chat": {"url": "http://chat-router.llm.svc"}}, "drain_timeout_s": 90},
         forecaster_burst_detector=False,
+        forecaster_combination="arrivals",
     )
     path.write_text(yaml.safe_dump(doc))
     result = runner.invoke(app, ["config", "check", str(path)])
@@ -174,6 +175,7 @@ def test_config_check_accepts_and_summarises_the_three_options(tmp_path: Path) -
     assert "GPU budget 8; guaranteed shares: chat 4" in result.output
     assert "router drain before scale-down: chat -> http://chat-router.llm.svc; timeout 90 s" in result.output
     assert "onset burst detector: off" in result.output
+    assert "online forecast combination: arrivals" in result.output
 
 
 def test_config_check_rejects_each_broken_option(tmp_path: Path) -> None:

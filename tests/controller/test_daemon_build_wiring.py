@@ -324,7 +324,7 @@ def test_the_wrapped_daemon_ticks_and_starts_without_torch() -> None:
         "from tests.controller.test_daemon import ScriptedSource\n"
         "cfg = ControllerConfig.model_validate({'source': {'kind': 'prometheus', 'url': 'http://127.0.0.1:9'},\n"
         f"    'actuator': {{'kind': 'dry-run'}}, 'forecaster_checkpoint': {NO_CKPT!r},\n"
-        "    'forecaster_burst_detector': True})\n"
+        "    'forecaster_burst_detector': True, 'forecaster_combination': 'all'})\n"
         "clock = VirtualClock()\n"
         "d = build_daemon(cfg, DaemonOptions(), clock=clock, source=ScriptedSource(pools=('default',)))\n"
         "for _ in range(70):\n"

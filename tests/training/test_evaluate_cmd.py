@@ -146,7 +146,7 @@ def test_learned_model_is_scored_and_drives_the_burst_alarms(tmp_path: Path, tra
     path = tmp_path / "tiny.safetensors"
     save_checkpoint(path, net, DEFAULT_SCHEMA, nz, 5.0, {})
     r = evaluate(trace, checkpoint=path, score_from="+600", with_arima=False)
-    assert list(r.models) == [*BASELINES[:4], "learned"]
+    assert list(r.models) == [*BASELINES[:4], "learned", "combined"]
     assert r.burst_model == "learned"
     assert r.models["learned"].points == r.scored_points
     with pytest.raises(EvaluationError, match="horizon"):
@@ -157,6 +157,53 @@ def test_learned_model_is_scored_and_drives_the_burst_alarms(tmp_path: Path, tra
         evaluate(trace, checkpoint=broken, score_from="+600", with_arima=False)
     with pytest.raises(EvaluationError, match="does not exist"):
         evaluate(trace, checkpoint=tmp_path / "nope.safetensors", score_from="+600", with_arima=False)
+
+
+def _tiny_checkpoint(tmp_path: Path, trace: Trace) -> Path:
+    torch = pytest.importorskip("torch")
+    from forecaster.checkpoint import save_checkpoint
+    from forecaster.features import DEFAULT_SCHEMA, Normalizer, trace_inputs, trace_targets
+    from forecaster.network import LstmAttentionNet
+
+    torch.manual_seed(1)
+    net = LstmAttentionNet(DEFAULT_SCHEMA.n_inputs, hidden=8, heads=2, window=8)
+    ser = series_from_trace(trace.arrival_s, trace.prompt_tokens, trace.output_tokens)
+    x, mask = trace_inputs(ser)
+    path = tmp_path / "tiny.safetensors"
+    save_checkpoint(path, net, DEFAULT_SCHEMA, Normalizer.fit(x, mask, trace_targets(ser)), 5.0, {})
+    return path
+
+
+def test_the_json_has_the_network_and_its_combination_as_two_rows(tmp_path: Path, trace: Trace) -> None:
+    path = _tiny_checkpoint(tmp_path, trace)
+    src = tmp_path / "t.csv"
+    _write_azure(trace, src)
+    app = typer.Typer()
+    app.command("evaluate")(evaluate_cmd)
+    app.command("noop")(lambda: None)
+    args = ["--checkpoint", str(path), "--score-from", "+600", "--no-arima", "--format", "json"]
+    done = CliRunner().invoke(app, ["evaluate", str(src), "--json", str(tmp_path / "a.json"), *args])
+    assert done.exit_code == 0, done.output
+    doc = json.loads((tmp_path / "a.json").read_text())
+    learned, combined = doc["models"]["learned"], doc["models"]["combined"]
+    assert learned["points"] == combined["points"] == doc["scored_points"]
+    assert learned["mae"] != combined["mae"]  # an untrained network: the baselines take over
+    weights = doc["combination"]["mean_weights"]
+    for target in ("arrivals", "prompt_tokens", "gen_tokens"):
+        for q in ("p50", "p90"):
+            assert sum(weights[target][q].values()) == pytest.approx(1.0)
+            assert set(weights[target][q]) == {"network", "ewma", "holt", "last_value"}
+    assert doc["burst"]["model"] == "learned"
+    # the CLI steps second by second; the offline path (benchmarks) gives the same rows
+    offline = evaluate(trace, checkpoint=path, score_from="+600", with_arima=False, offline=True)
+    for name in ("learned", "combined"):
+        assert offline.models[name].mae == pytest.approx(doc["models"][name]["mae"], rel=1e-3)
+    alone = CliRunner().invoke(
+        app, ["evaluate", str(src), "--json", str(tmp_path / "b.json"), "--no-combination", *args]
+    )
+    assert alone.exit_code == 0, alone.output
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert "combined" not in doc["models"] and "combination" not in doc and "learned" in doc["models"]
 
 
 def test_cli_takes_the_trace_as_an_option_as_the_issue_spells_it(tmp_path: Path) -> None:
