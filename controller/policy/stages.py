@@ -54,14 +54,15 @@ def recent_rows(
     return tuple(r for r in rows if now_s - r[0] < window_s)
 
 
-def _median(values: list[float]) -> float:
-    """``np.median(values)`` (the middle value, or the mean of the middle two, ``(a + b) / 2`` as numpy
-    computes it) from a sorted list, without numpy's dispatch; numpy itself for NaN or inf."""
-    if not math.isfinite(sum(values)):
-        return float(np.median(np.asarray(values, dtype=np.float64)))
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+def _median(values: np.ndarray) -> float:
+    """``np.median(values)`` without its dispatch: the middle of the sorted values, or the mean of the middle
+    two, ``(a + b) / 2`` as numpy computes it; numpy itself for a NaN (it sorts last) or no value."""
+    ordered = np.sort(values)
+    n = len(ordered)
+    if n == 0 or math.isnan(ordered[-1]):
+        return float(np.median(values))
+    mid = n // 2
+    return float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2
 
 
 @dataclass(frozen=True)
@@ -1098,7 +1099,7 @@ def update_burst_runs(
     than ``keep_s`` before the block are forgotten."""
     if len(blocks) < 2:
         return runs
-    totals = [b[1] + b[2] for b in blocks[:-1]]
+    totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
     median = _median(totals)
     start, need = blocks[-2][0], float(totals[-1])
     end = start + NEED_BLOCK_S
@@ -1196,7 +1197,7 @@ def short_burst(
     judged by its mean so far against the window's median block, as ``update_burst_runs`` judges completed ones."""
     if not cfg.short_burst_cap or len(blocks) < 2 or len(runs) < cfg.burst_hold_min_gaps + 1:
         return False, None
-    totals = [b[1] + b[2] for b in blocks[:-1]]
+    totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
     start = blocks[-1][0]
     if not _is_high(blocks[-1][1] + blocks[-1][2], _median(totals), cfg.headroom):
         return False, None

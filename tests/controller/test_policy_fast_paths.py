@@ -204,7 +204,8 @@ def test_recent_rows_is_the_filter(
 @given(st.lists(st.one_of(FLOATS, st.integers(0, 50), ODD), min_size=1, max_size=30))
 def test_median_is_numpys(values: list[float]) -> None:
     with np.errstate(invalid="ignore"):
-        assert _same(float(stages._median(values)), float(np.median(np.asarray(values, dtype=np.float64))))
+        arr = np.asarray(values, dtype=np.float64)
+        assert _same(stages._median(arr), float(np.median(arr)))
 
 
 @settings(max_examples=200, deadline=None)
