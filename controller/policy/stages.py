@@ -28,13 +28,14 @@ _TIME = operator.itemgetter(0)
 
 def _recent_from(rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool) -> int | None:
     """The first index from which every row (a tuple, its time first) has ``now_s - time < window_s``
-    (``<=`` when ``closed``) and none before it has, or None when the times are not in order (or one is NaN).
+    (``<=`` when ``closed``) and none before it has, or None when the times are not in order or not all finite
+    (nor ``now_s``).
     The stages append their rows in time order, and ``now_s - time`` falls as the time rises (float
     subtraction is monotone), so the rows within a window are a suffix, found by bisection: a window kept
     every tick costs O(log n) comparisons instead of one per row."""
     times = list(map(_TIME, rows))
-    total = sum(times)
-    if total != total or times != sorted(times):  # a NaN time (the sum is NaN), or out of order
+    # finite times and now only (a finite sum has no NaN or inf in it): inf - inf is NaN, no order
+    if not (math.isfinite(sum(times)) and math.isfinite(now_s)) or times != sorted(times):
         return None
     if closed:
         return bisect.bisect_left(times, True, key=lambda t: now_s - t <= window_s)
@@ -956,23 +957,20 @@ def _range_max(v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     n = v.shape[1]
     count = hi - lo + 1
     out = np.full(v.shape, -np.inf)
-    has = count > 0
-    if not has.any():
-        return out
-    lo, hi, count = lo[has], hi[has], count[has]
-    level = np.floor(np.log2(count)).astype(np.int64)
-    table = [v]
+    level = np.frexp(np.maximum(count, 1))[1] - 1  # floor(log2(count)), exact
+    table = [v]  # table[l][:, i] = max of v[:, i : i + 2**l]
     span = 1
-    while 2 * span <= int(count.max()):
+    while 2 * span <= int(count.max(initial=0)):
         prev = table[-1]
         nxt = np.full_like(v, -np.inf)
-        nxt[:, : n - span] = np.maximum(prev[:, : n - span], prev[:, span:])
+        np.maximum(prev[:, : n - span], prev[:, span:], out=nxt[:, : n - span])
         table.append(nxt)
         span *= 2
-    stacked = np.stack(table)  # [level, role, block]: max over v[:, i : i + 2**level]
-    width = np.left_shift(1, level)
-    rows = np.arange(v.shape[0])[:, None]
-    out[:, has] = np.maximum(stacked[level, rows, lo], stacked[level, rows, hi - width + 1])
+    for lvl, tab in enumerate(table):  # the few levels present, each with two column gathers
+        at = np.flatnonzero((level == lvl) & (count > 0))
+        if at.size:
+            left, right = lo[at], hi[at] - (1 << lvl) + 1
+            out[:, at] = np.maximum(tab.take(left, axis=1), tab.take(right, axis=1))
     return out
 
 
