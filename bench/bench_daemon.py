@@ -2,6 +2,11 @@
 
 Run: ``nice .venv/bin/python bench/bench_daemon.py [--pools 1 8] [--instances 2 64] [--ticks 300] [--json out.json]``
 (``--instances 2 64 125`` adds 8 × 125 = 1,000 instances, the issue's unit for the goal of ≤ 10 ms per tick.)
+``--forecaster default`` runs the shipped learned checkpoint (what ``controller.forecasting`` loads, what users
+run) instead of the Holt baseline; ``--warm-ticks N`` ticks N times before the measured ticks (default 5): the
+policy's state grows for an hour of ticks (the burst reserve remembers ``burst_window_s`` + one cold start of
+5-s need blocks, 744 by default, and recomputes its rises over all of them every 5th tick), so
+``--warm-ticks 3720`` measures a controller that has run for an hour. ``--what pipeline`` skips the daemon rows.
 
 - ``Pipeline.tick``: aggregate a synthetic scrape (every instance's vLLM counters and gauges growing at fixed
   rates), one batched Holt forecaster step, ``decide`` per pool, the GPU budget across pools.
@@ -39,6 +44,7 @@ from controller.daemon import Daemon
 from controller.pipeline import Pipeline, PoolCounts, PoolSetup
 from controller.telemetry import Telemetry
 from forecaster.baselines import Holt
+from forecaster.types import Forecaster
 from serving.sim import samples as s
 from serving.sim.fleet import PoolSpec
 
@@ -99,24 +105,37 @@ def _stats(times_s: list[float], cpu_s: list[float]) -> dict[str, float]:
     }
 
 
-def bench_pipeline(n_pools: int, per_pool: int, ticks: int) -> dict[str, float]:
+def make_forecaster(kind: str) -> Forecaster:
+    """``holt`` (the baseline) or ``default`` (the shipped checkpoint, as the daemon loads it)."""
+    if kind == "holt":
+        return Holt()
+    from controller.forecasting import load_default_forecaster
+
+    return load_default_forecaster()
+
+
+def bench_pipeline(
+    n_pools: int, per_pool: int, ticks: int, forecaster: str = "holt", warm: int = 5
+) -> dict[str, float]:
     source = SyntheticSource(n_pools, per_pool)
-    pipe = Pipeline(_setups(n_pools), Holt(), gpu_budget=8 * n_pools * per_pool)
+    pipe = Pipeline(_setups(n_pools), make_forecaster(forecaster), gpu_budget=8 * n_pools * per_pool)
     one = {"prefill": per_pool // 2, "decode": per_pool // 2}
     zero = {"prefill": 0, "decode": 0}
     counts = {f"p{p}": PoolCounts(one, one, zero, zero) for p in range(n_pools)}
     times, cpu = [], []
-    for k in range(ticks):
+    for k in range(warm + ticks):
         now = 1.7e9 + k
         scrape = source.scrape(now)
         t0, c0 = time.perf_counter(), time.thread_time()
         pipe.tick(scrape, counts, now)
         times.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
-    return _stats(times[5:], cpu[5:])
+    return _stats(times[warm:], cpu[warm:])
 
 
-def bench_daemon(n_pools: int, per_pool: int, ticks: int) -> dict[str, float]:
+def bench_daemon(
+    n_pools: int, per_pool: int, ticks: int, forecaster: str = "holt", warm: int = 5
+) -> dict[str, float]:
     source = SyntheticSource(n_pools, per_pool)
     half = per_pool // 2
     actuator = DryRunActuator(
@@ -125,18 +144,18 @@ def bench_daemon(n_pools: int, per_pool: int, ticks: int) -> dict[str, float]:
     clock = VirtualClock()
     with tempfile.TemporaryDirectory() as tmp, AuditLog(Path(tmp) / "audit.jsonl") as audit:
         daemon = Daemon(
-            _setups(n_pools), source, actuator, Holt(), clock=clock, tick_s=1.0,
+            _setups(n_pools), source, actuator, make_forecaster(forecaster), clock=clock, tick_s=1.0,
             telemetry=Telemetry(clock), audit=audit,
         )  # fmt: skip
         times, cpu = [], []
-        for _ in range(ticks):
+        for _ in range(warm + ticks):
             t0, c0 = time.perf_counter(), time.thread_time()
             report = daemon.tick()
             times.append(time.perf_counter() - t0)
             cpu.append(time.thread_time() - c0)
             assert report.ok, report.message
             clock.advance(1.0)
-    return _stats(times[5:], cpu[5:])
+    return _stats(times[warm:], cpu[warm:])
 
 
 def main() -> None:
@@ -145,6 +164,9 @@ def main() -> None:
     parser.add_argument("--instances", type=int, nargs="+", default=[2, 64], help="instances per pool")
     parser.add_argument("--ticks", type=int, default=300)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--forecaster", choices=("holt", "default"), default="holt")
+    parser.add_argument("--warm-ticks", type=int, default=5, help="ticks before the measured ones")
+    parser.add_argument("--what", choices=("both", "pipeline", "daemon"), default="both")
     args = parser.parse_args()
     load_before = os.getloadavg()
     rows: list[dict[str, Any]] = []
@@ -154,8 +176,10 @@ def main() -> None:
                 ("Pipeline.tick", bench_pipeline),
                 ("Daemon.tick (dry-run, audit, metrics)", bench_daemon),
             ):
+                if args.what != "both" and not what.lower().startswith(args.what):
+                    continue
                 rows.append({"what": what, "pools": n_pools, "instances_per_pool": per_pool,
-                             **fn(n_pools, per_pool, args.ticks)})  # fmt: skip
+                             **fn(n_pools, per_pool, args.ticks, args.forecaster, args.warm_ticks)})  # fmt: skip
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     load_after = os.getloadavg()
     print(
@@ -168,11 +192,14 @@ def main() -> None:
             f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} | {r['cpu_median_ms']:.2f} | {r['cpu_p99_ms']:.2f} |"
         )
     print(
-        f"peak RSS {peak_rss_mb:.0f} MB; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}"
+        f"forecaster {args.forecaster}, {args.warm_ticks} warm-up ticks; peak RSS {peak_rss_mb:.0f} MB;"
+        f" load average before {load_before[0]:.2f}, after {load_after[0]:.2f}"
     )
     if args.json is not None:
         out = {
             "rows": rows,
+            "forecaster": args.forecaster,
+            "warm_ticks": args.warm_ticks,
             "peak_rss_mb": peak_rss_mb,
             "loadavg_before": load_before,
             "loadavg_after": load_after,

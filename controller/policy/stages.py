@@ -7,9 +7,12 @@ for what it changed, so a decision can be read back.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
+import operator
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -18,6 +21,49 @@ from controller.config import PolicyConfig
 from controller.policy.types import PoolCapacity, PoolObservation, PoolState, RoleHistory
 
 MAX_NEED = 1e9  # instances; larger demand is clipped here (min/max clamp it far lower anyway)
+
+Row = TypeVar("Row", bound=tuple[Any, ...])
+_TIME = operator.itemgetter(0)
+
+
+def _recent_from(rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool) -> int | None:
+    """The first index from which every row (a tuple, its time first) has ``now_s - time < window_s``
+    (``<=`` when ``closed``) and none before it has, or None when the times are not in order or not all finite
+    (nor ``now_s``).
+    The stages append their rows in time order, and ``now_s - time`` falls as the time rises (float
+    subtraction is monotone), so the rows within a window are a suffix, found by bisection: a window kept
+    every tick costs O(log n) comparisons instead of one per row."""
+    times = list(map(_TIME, rows))
+    # finite times and now only (a finite sum has no NaN or inf in it): inf - inf is NaN, no order
+    if not (math.isfinite(sum(times)) and math.isfinite(now_s)) or times != sorted(times):
+        return None
+    if closed:
+        return bisect.bisect_left(times, True, key=lambda t: now_s - t <= window_s)
+    return bisect.bisect_left(times, True, key=lambda t: now_s - t < window_s)
+
+
+def recent_rows(
+    rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool = False
+) -> tuple[Row, ...]:
+    """The rows (tuples, their time first) with ``now_s - time < window_s`` (``<=`` when ``closed``), in
+    order: exactly what filtering them one by one gives (``_recent_from`` finds them as a suffix)."""
+    start = _recent_from(rows, now_s, window_s, closed)
+    if start is not None:
+        return rows[start:]
+    if closed:
+        return tuple(r for r in rows if now_s - r[0] <= window_s)
+    return tuple(r for r in rows if now_s - r[0] < window_s)
+
+
+def _median(values: np.ndarray) -> float:
+    """``np.median(values)`` without its dispatch: the middle of the sorted values, or the mean of the middle
+    two, ``(a + b) / 2`` as numpy computes it; numpy itself for a NaN (it sorts last) or no value."""
+    ordered = np.sort(values)
+    n = len(ordered)
+    if n == 0 or math.isnan(ordered[-1]):
+        return float(np.median(values))
+    mid = n // 2
+    return float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2
 
 
 @dataclass(frozen=True)
@@ -236,7 +282,8 @@ class RampFit:
 
 def _rate_arrays(history: tuple[tuple[float, float], ...]) -> tuple[np.ndarray, np.ndarray]:
     """(times, rates) of the known samples of ``history`` (NaN, inf and negative rates left out)."""
-    arr = np.asarray(history, dtype=np.float64).reshape(-1, 2)
+    flat = np.fromiter(itertools.chain.from_iterable(history), np.float64, count=2 * len(history))
+    arr = flat.reshape(-1, 2)
     keep = np.isfinite(arr[:, 1]) & (arr[:, 1] >= 0) & np.isfinite(arr[:, 0])
     return arr[keep, 0], arr[keep, 1]
 
@@ -254,46 +301,93 @@ def ramp_fit(history: tuple[tuple[float, float], ...], now_s: float, window_s: f
     return _fit(*_rate_arrays(history), now_s, window_s)
 
 
-def _fit(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float) -> RampFit | None:
-    sel = (times > now_s - window_s) & (times <= now_s)
-    t, r = times[sel], rates[sel]
-    n = len(t)
-    if n < TREND_MIN_SAMPLES:
-        return None
-    span = float(t.max() - t.min())
+@dataclass(frozen=True)
+class _Line:
+    """One window's least-squares line before the step test (``_line``); ``r`` the window's rates."""
+
+    slope: float
+    se: float
+    level: float
+    rss: float
+    var: float
+    r: np.ndarray
+
+    @property
+    def z(self) -> float:
+        return self.slope / self.se if self.se > 0 else (math.inf if self.slope > 0 else 0.0)
+
+
+def _ordered(times: np.ndarray) -> bool:
+    return len(times) < 2 or bool((times[1:] >= times[:-1]).all())
+
+
+def _line(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float, ordered: bool) -> _Line | None:
+    """The samples in (now − window_s, now] and their line; ``ordered``: ``times`` never decrease, so the
+    window is a slice (found by bisection) and its span is its ends (the same values as a mask and max − min)."""
+    start = now_s - window_s
+    if ordered:
+        lo, hi = (int(i) for i in np.searchsorted(times, (start, now_s), side="right"))
+        n = hi - lo
+        if n < TREND_MIN_SAMPLES:
+            return None
+        t, r = times[lo:hi].copy(), rates[lo:hi].copy()
+        span = float(t[-1] - t[0])
+    else:
+        sel = (times > start) & (times <= now_s)
+        t, r = times[sel], rates[sel]
+        n = len(t)
+        if n < TREND_MIN_SAMPLES:
+            return None
+        span = float(t.max() - t.min())
     if span < TREND_MIN_COVERAGE * window_s:
         return None
-    tc = t - t.mean()
+    t_mean = t.mean()
+    tc = t - t_mean
     sxx = float(tc @ tc)
     if sxx <= 0:
         return None
     mean = float(r.mean())
     slope = float(tc @ (r - mean)) / sxx
     rss_line = float(((r - mean - slope * tc) ** 2).sum())
+    poisson = max(mean, 0.0) / (span / (n - 1))
+    var = max(rss_line / (n - 2), poisson)
+    level = mean + slope * (now_s - float(t_mean))
+    return _Line(slope, math.sqrt(var / sxx), level, rss_line, var, r)
+
+
+def _step_fits_better(line: _Line) -> bool:
+    """Whether the best single level change (two means, split anywhere) leaves residuals smaller than the
+    line's by more than ``TREND_STEP_MARGIN`` per-sample variances."""
+    r = line.r
+    n = len(r)
     csum = np.cumsum(r)[:-1]
     k = np.arange(1, n, dtype=np.float64)
     total = float(r.sum())
     rss_step = float((r @ r) - (csum**2 / k + (total - csum) ** 2 / (n - k)).max())
-    poisson = max(mean, 0.0) / (span / (n - 1))
-    var = max(rss_line / (n - 2), poisson)
-    level = mean + slope * (now_s - float(t.mean()))
-    step_better = rss_line - rss_step > TREND_STEP_MARGIN * var
-    return RampFit(window_s, slope, math.sqrt(var / sxx), level, step_better)
+    return line.rss - rss_step > TREND_STEP_MARGIN * line.var
+
+
+def _fit(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float) -> RampFit | None:
+    line = _line(times, rates, now_s, window_s, _ordered(times))
+    if line is None:
+        return None
+    return RampFit(window_s, line.slope, line.se, line.level, _step_fits_better(line))
 
 
 def _trend_at(
-    times: np.ndarray, rates: np.ndarray, now_s: float, lead_s: float, min_z: float
-) -> tuple[float, RampFit | None]:
+    times: np.ndarray, rates: np.ndarray, now_s: float, lead_s: float, min_z: float, ordered: bool
+) -> tuple[float, _Line | None, float]:
     """The projection factor of the shortest ramp at ``now_s`` whose slope is ``min_z`` standard errors
-    above zero (1, None when there is none)."""
+    above zero (1, None when there is none), its line and window. The step test, the costliest part of a
+    fit, runs only for a line that passes the others (most ticks: none does)."""
     for window_s in TREND_WINDOWS_S:
-        fit = _fit(times, rates, now_s, window_s)
-        if fit is None or fit.step_fits_better or fit.z < min_z or fit.level <= 0:
+        line = _line(times, rates, now_s, window_s, ordered)
+        if line is None or line.z < min_z or line.level <= 0 or _step_fits_better(line):
             continue
-        factor = min((fit.level + fit.slope * lead_s) / fit.level, MAX_TREND_FACTOR)
+        factor = min((line.level + line.slope * lead_s) / line.level, MAX_TREND_FACTOR)
         if factor > 1.0:
-            return factor, fit
-    return 1.0, None
+            return factor, line, window_s
+    return 1.0, None, math.nan
 
 
 def trend_factor(
@@ -315,16 +409,17 @@ def trend_factor(
     if lead_s <= 0:
         return 1.0, None
     times, rates = _rate_arrays(history)
-    factor, fit = _trend_at(times, rates, now_s, lead_s, TREND_MIN_Z)
+    ordered = _ordered(times)
+    factor, fit, window_s = _trend_at(times, rates, now_s, lead_s, TREND_MIN_Z, ordered)
     if fit is None:
         return 1.0, None
     for lag_s in TREND_CONFIRM_S:
-        earlier, _ = _trend_at(times, rates, now_s - lag_s, lead_s, TREND_CONFIRM_Z)
+        earlier, _, _ = _trend_at(times, rates, now_s - lag_s, lead_s, TREND_CONFIRM_Z, ordered)
         if earlier <= 1.0:
             return 1.0, None
         factor = min(factor, earlier)
     reason = (
-        f"trend: arrivals rising {fit.slope * 60:.2f} req/s per min over the last {fit.window_s:.0f} s"
+        f"trend: arrivals rising {fit.slope * 60:.2f} req/s per min over the last {window_s:.0f} s"
         f" ({fit.z:.1f} standard errors, also {', '.join(f'{x:.0f}' for x in TREND_CONFIRM_S)} s ago)"
         f" → load × {factor:.2f} by the time new capacity serves ({lead_s:.0f} s)"
     )
@@ -451,7 +546,7 @@ def qps_change_per_min(
     against the mean of its first ``smoothing_s``; NaN with under 30 s of history or no earlier traffic."""
     if len(history) < 2:
         return math.nan
-    history = tuple((t, r) for t, r in history if history[-1][0] - t <= QPS_WINDOW_S)
+    history = recent_rows(history, history[-1][0], QPS_WINDOW_S, closed=True)
     t0, t1 = history[0][0], history[-1][0]
     if t1 - t0 < 30.0:
         return math.nan
@@ -485,7 +580,7 @@ def update_rate_history(
     window_s: float = RATE_HISTORY_S,
 ) -> tuple[tuple[float, float], ...]:
     """Append the current rate (if known; once per ``now_s``) and forget samples older than ``window_s``."""
-    kept = tuple((t, r) for t, r in history if now_s - t <= window_s)
+    kept = recent_rows(history, now_s, window_s, closed=True)
     if _known(arrival_rps) and not (kept and kept[-1][0] == now_s):
         kept = (*kept, (now_s, arrival_rps))
     return kept
@@ -527,7 +622,7 @@ def hold_standby(
     """Stage 3c: the sized standby falls only after it has stayed lower for ``delay_s`` (as active replicas
     do): a standby that flaps with the forecast's spread is a cold start every few ticks and is never warm
     when the rise comes. Returns (the remembered window, the held (prefill, decode) standby)."""
-    window = (*tuple(r for r in recent if now_s - r[0] < delay_s), (now_s, sized[0], sized[1]))
+    window = (*recent_rows(recent, now_s, delay_s), (now_s, sized[0], sized[1]))
     return window, (max(p for _, p, _ in window), max(d for _, _, d in window))
 
 
@@ -606,8 +701,8 @@ def hysteresis_stage(
     """
     window_s = max(cfg.scale_down_delay_s, hold_s)
     keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
-    kept = tuple((t, w) for t, w in history.recent_targets if now_s - t < keep_s)
-    recent = (*tuple((t, w) for t, w in kept if now_s - t < window_s), (now_s, wanted))
+    kept = recent_rows(history.recent_targets, now_s, keep_s)
+    recent = (*recent_rows(kept, now_s, window_s), (now_s, wanted))
     target = wanted
     reason = None
     if current > 0 and abs(target - current) / current <= cfg.tolerance:
@@ -664,8 +759,13 @@ def window_hold(
     spike of the per-second target (one long prompt, Poisson noise) is then not held for a whole window,
     while a target wanted for more than ``1 - quantile`` of the window is. A burst hold's longer window
     keeps its maximum: it is there to keep the burst's peak."""
-    inner = sorted(w for t, w in recent if now_s - t < delay_s)
-    outer = [w for t, w in recent if now_s - t >= delay_s]
+    start = _recent_from(recent, now_s, delay_s, closed=False)
+    if start is not None:  # in time order: the window's last delay_s is a suffix
+        inner = sorted(w for _, w in recent[start:])
+        outer = [w for _, w in recent[:start]]
+    else:
+        inner = sorted(w for t, w in recent if now_s - t < delay_s)
+        outer = [w for t, w in recent if now_s - t >= delay_s]
     held = inner[max(math.ceil(quantile * len(inner) - 1e-9) - 1, 0)] if inner else 0
     return max([held, *outer])
 
@@ -747,7 +847,7 @@ def update_need_blocks(
         t0, p, d, n = blocks[-1]
         merged = (t0, p + (need[0] - p) / (n + 1), d + (need[1] - d) / (n + 1), n + 1)
         return (*blocks[:-1], merged), False
-    kept = tuple(b for b in blocks if now_s - b[0] <= keep_s)
+    kept = recent_rows(blocks, now_s, keep_s, closed=True)
     return (*kept, (start, need[0], need[1], 1)), True
 
 
@@ -773,22 +873,105 @@ def burst_reserve(
     n = len(blocks)
     if n < 2 or lead_s <= 0:
         return nan2, nan2
-    arr = np.asarray(blocks, dtype=np.float64)
+    # rows: start, prefill need, decode need (fromiter: a third of asarray's cost on an hour of blocks)
+    arr = (
+        np.fromiter(itertools.chain.from_iterable(blocks), np.float64, count=4 * n).reshape(n, 4).T[:3].copy()
+    )
     m = max(math.ceil(lead_s / NEED_BLOCK_S), 1)
-    t = arr[:, 0]
+    t, v = arr[0], arr[1:]
+    peak = _lead_peaks(t, v, m, lead_s + 1e-9)  # [role, block]
+    ok = np.isfinite(peak)
+    if not (ok[0].any() and ok[1].any()):
+        return nan2, nan2
+    pq = quantile if peak_quantile is None else peak_quantile
+    if not (ok[0] == ok[1]).all():  # only with non-finite needs: each role over its own blocks
+        rises = [
+            _quantiles(np.maximum(peak[i, ok[i]] - (1 + headroom) * v[i, ok[i]], 0.0)[None], quantile)[0]
+            for i in (0, 1)
+        ]
+        peaks = [_quantiles(peak[i, ok[i]][None], pq)[0] for i in (0, 1)]
+        return (rises[0], rises[1]), (peaks[0], peaks[1])
+    peak = peak[:, ok[0]]
+    rise = np.maximum(peak - (1 + headroom) * v[:, ok[0]], 0.0)
+    r = _quantiles(rise, quantile)
+    p = _quantiles(peak, pq)
+    return (r[0], r[1]), (p[0], p[1])
+
+
+def _quantiles(rows: np.ndarray, q: float) -> list[float]:
+    """``np.quantile(rows, q, axis=1)`` (its default 'linear' method) by numpy's own arithmetic, without its
+    dispatch (~90 us a call, most of an hour-long reserve's cost): the order statistics either side of
+    (n − 1) q in the sorted row and numpy's two-sided lerp; NaN for a row holding NaN. Tested against
+    ``np.quantile``."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError("Quantiles must be in the range [0, 1]")
+    n = rows.shape[1]
+    ordered = np.sort(rows, axis=1)  # NaN sorts last
+    at = (n - 1) * q
+    if at >= n - 1:  # numpy takes the last element, and its gamma from index -1
+        lo = hi = n - 1
+        gamma = at + 1.0
+    else:
+        lo = math.floor(at)
+        hi = lo + 1
+        gamma = at - lo
+    out = []
+    for a, b, last in zip(
+        ordered[:, lo].tolist(), ordered[:, hi].tolist(), ordered[:, -1].tolist(), strict=True
+    ):
+        diff = b - a
+        value = b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+        out.append(math.nan if math.isnan(last) else value)
+    return out
+
+
+def _lead_peaks(t: np.ndarray, v: np.ndarray, m: int, lead_s: float) -> np.ndarray:
+    """Per role (row of ``v``) and block k: the most of ``v[:, j]`` over the next ``m`` blocks j with
+    ``t[j] - t[k] <= lead_s``; -inf where there is none.
+
+    Block starts increase (``update_need_blocks`` appends them in time order), so those j are the first
+    ``c_k`` of the next ``m`` (float subtraction is monotone) and a sparse table of maxima over power-of-two
+    spans answers each block with two look-ups: O(n log m) instead of the [role, block, m] window. The
+    counts are checked against the subtraction itself; any other input takes the window."""
+    n = len(t)
+    idx = np.arange(n)
+    limit = np.minimum(idx + m, n - 1)  # the last block each window may reach
+    if n > 1 and bool((t[1:] > t[:-1]).all()):
+        last = np.minimum(np.searchsorted(t, t + lead_s, side="right") - 1, limit)
+        last = np.maximum(last, idx)  # c_k = last - k blocks ahead are in the lead
+        within = t[last] - t <= lead_s
+        beyond = last < limit
+        nxt = np.minimum(last + 1, n - 1)
+        if bool(within.all()) and bool((t[nxt[beyond]] - t[beyond] > lead_s).all()):
+            return _range_max(v, idx + 1, last)
     t_future = sliding_window_view(np.concatenate([t[1:], np.full(m, np.inf)]), m)[:n]
-    in_lead = (t_future - t[:, None]) <= lead_s + 1e-9
-    rises, peaks = [], []
-    for col in (1, 2):
-        v = arr[:, col]
-        future = sliding_window_view(np.concatenate([v[1:], np.full(m, -np.inf)]), m)[:n]
-        peak = np.where(in_lead, future, -np.inf).max(axis=1)
-        ok = np.isfinite(peak)
-        if not ok.any():
-            return nan2, nan2
-        rises.append(float(np.quantile(np.maximum(peak[ok] - (1 + headroom) * v[ok], 0.0), quantile)))
-        peaks.append(float(np.quantile(peak[ok], quantile if peak_quantile is None else peak_quantile)))
-    return (rises[0], rises[1]), (peaks[0], peaks[1])
+    in_lead = (t_future - t[:, None]) <= lead_s
+    future = sliding_window_view(np.concatenate([v[:, 1:], np.full((2, m), -np.inf)], axis=1), m, axis=1)[
+        :, :n
+    ]
+    return np.asarray(np.where(in_lead, future, -np.inf).max(axis=2))
+
+
+def _range_max(v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per row of ``v``: ``v[:, lo[k] : hi[k] + 1].max()`` for every k, -inf where ``hi[k] < lo[k]``."""
+    n = v.shape[1]
+    count = hi - lo + 1
+    out = np.full(v.shape, -np.inf)
+    level = np.frexp(np.maximum(count, 1))[1] - 1  # floor(log2(count)), exact
+    table = [v]  # table[l][:, i] = max of v[:, i : i + 2**l]
+    span = 1
+    while 2 * span <= int(count.max(initial=0)):
+        prev = table[-1]
+        nxt = np.full_like(v, -np.inf)
+        np.maximum(prev[:, : n - span], prev[:, span:], out=nxt[:, : n - span])
+        table.append(nxt)
+        span *= 2
+    for lvl, tab in enumerate(table):  # the few levels present, each with two column gathers
+        at = np.flatnonzero((level == lvl) & (count > 0))
+        if at.size:
+            left, right = lo[at], hi[at] - (1 << lvl) + 1
+            out[:, at] = np.maximum(tab.take(left, axis=1), tab.take(right, axis=1))
+    return out
 
 
 def trailing_need(blocks: tuple[tuple[float, float, float, int], ...]) -> tuple[float, float]:
@@ -915,7 +1098,7 @@ def update_burst_runs(
     if len(blocks) < 2:
         return runs
     totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
-    median = float(np.median(totals))
+    median = _median(totals)
     start, need = blocks[-2][0], float(totals[-1])
     end = start + NEED_BLOCK_S
     runs = tuple(r for r in runs if end - r[1] <= keep_s)
@@ -1014,7 +1197,7 @@ def short_burst(
         return False, None
     totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
     start = blocks[-1][0]
-    if not _is_high(blocks[-1][1] + blocks[-1][2], float(np.median(totals)), cfg.headroom):
+    if not _is_high(blocks[-1][1] + blocks[-1][2], _median(totals), cfg.headroom):
         return False, None
     began = runs[-1][0] if runs[-1][1] >= start - 1e-9 else start
     lasted = now_s - began

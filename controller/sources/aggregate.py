@@ -13,6 +13,7 @@ be computed is NaN — unknown, never zero.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -172,9 +173,11 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool, m: _
     in_pool = m.pools == pool
     serving = in_pool & m.serving
     counts: dict[str, dict[str, int]] = {}
-    for role, state in zip(m.roles[in_pool], m.states[in_pool], strict=True):
+    # pairs counted in C (Counter keeps first appearance, so the dicts' order is the loop's)
+    pairs = zip(m.roles[in_pool].tolist(), m.states[in_pool].tolist(), strict=True)
+    for (role, state), k in Counter(pairs).items():
         per_role = counts.setdefault(str(role), {})
-        per_role[str(state)] = per_role.get(str(state), 0) + 1
+        per_role[str(state)] = per_role.get(str(state), 0) + k
 
     def gauge_sum(metric: str, sel: np.ndarray) -> float:
         g = cur.gauges.get(metric)

@@ -421,9 +421,14 @@ class PrometheusSource:
         """Per-pool channels (``forecaster.types.CHANNELS``) at ``start_s + k * step_s`` up to ``end_s``.
 
         Node ids of the frame are pool names. Rates use ``rate()`` over ``rate_window_s`` (default
-        ``max(4 * step_s, 4 s)``: at least two scrapes at the usual 1-2 s intervals); running/waiting are
-        summed over the pool, KV usage averaged over its decode/mixed instances, latency quantiles come from
-        ``histogram_quantile`` over the pool's summed bucket rates. A step without data is NaN.
+        ``max(4 * step_s, 4 s)``: at least two scrapes at the usual 1-2 s intervals); the channels mean what
+        the live scrape's ``PoolLoad`` means (the forecaster is warmed on what it will then be stepped with):
+        running is summed over the pool's decode and mixed instances, waiting over its prefill and mixed
+        instances plus the requests its router queues for those stages (``pdscale:router_queue_length``,
+        one range query for the fleet, either spelling; a step without a router series adds nothing, a
+        step whose servers' waiting is unknown stays unknown), KV usage is averaged over its decode/mixed
+        instances, latency quantiles come from ``histogram_quantile`` over the pool's summed bucket rates. A
+        step without data is NaN.
         """
         window_s = rate_window_s if rate_window_s is not None else max(4.0 * step_s, 4.0)
         per_channel: dict[str, dict[str, np.ndarray]] = {}
@@ -445,6 +450,21 @@ class PrometheusSource:
                 got = per_channel.get(channel, {}).get(pool)
                 if got is not None:
                     values[n, c, :] = got
+        queued = self._per_pool(
+            query_range_chunked(
+                self._range_call(self._clock() + timeout_s),
+                router_queue_query(self.labels),
+                start_s=start_s,
+                end_s=end_s,
+                step_s=step_s,
+                max_points=self.max_points,
+            )
+        )
+        w = CHANNELS.index("waiting")
+        for n, pool in enumerate(pools):
+            queue = queued.get(pool)
+            if queue is not None:  # NaN waiting + a queue stays NaN: a partial sum is not the backlog
+                values[n, w, :] = np.where(np.isnan(queue), values[n, w, :], values[n, w, :] + queue)
         return MetricFrame(
             node_ids=pools,
             metrics=CHANNELS,
@@ -564,13 +584,24 @@ def _either_spelling(regex: str, build: Callable[[str], str]) -> str:
     return f"({build(colon)}) or ({build(underscore)})"
 
 
+def _selector(name_re: str, *matchers: str) -> Callable[[str], str]:
+    """A series selector on ``__name__ =~ name_re`` and ``matchers``, plus the pool matcher it is given."""
+    return lambda m: "{" + ",".join([f'__name__=~"{name_re}"', *matchers, m]) + "}"
+
+
+def router_queue_query(label_map: LabelMap) -> str:
+    """PromQL, per pool: the requests its router queues for the entry stages (``ENTRY_STAGES``), summed over
+    priority classes and routers: what the live scrape adds to the pool's waiting (``add_router_queues``)."""
+    stages = f'stage=~"{"|".join(ENTRY_STAGES)}"'
+    return _either_spelling(ROUTER_QUEUE, lambda r: _by_pool(label_map, "sum", _selector(r, stages)))
+
+
 def channel_queries(label_map: LabelMap, window_s: float) -> dict[str, str]:
-    """The PromQL of every history channel, per pool (see ``PrometheusSource.history``)."""
+    """The PromQL of every history channel, per pool (see ``PrometheusSource.history``; the router queue,
+    added to ``waiting`` there, is ``router_queue_query``)."""
     w = f"{window_s:g}s"
     role = label_map.role
-
-    def sel(name_re: str, *matchers: str) -> Callable[[str], str]:
-        return lambda m: "{" + ",".join([f'__name__=~"{name_re}"', *matchers, m]) + "}"
+    sel = _selector
 
     def rate(name_re: str, *matchers: str) -> Callable[[str], str]:
         return lambda m: f"rate({sel(name_re, *matchers)(m)}[{w}])"
@@ -589,8 +620,10 @@ def channel_queries(label_map: LabelMap, window_s: float) -> dict[str, str]:
         "arrival_rps": counter(names.ROUTER_REQUESTS_TOTAL, f'{role}!="decode"'),  # a P/D request enters once
         "prompt_tps": counter(names.PROMPT_TOKENS_TOTAL, f'{role}!="decode"'),
         "gen_tps": counter(names.GENERATION_TOKENS_TOTAL),
-        "running": gauge(names.NUM_REQUESTS_RUNNING, "sum"),
-        "waiting": gauge(names.NUM_REQUESTS_WAITING, "sum"),
+        # as PoolLoad: sequences decoding (a prefill instance's running are prefilling) and requests queued
+        # for prefill (a decode instance's waiting are prefilled and wait for a slot)
+        "running": gauge(names.NUM_REQUESTS_RUNNING, "sum", f'{role}!="prefill"'),
+        "waiting": gauge(names.NUM_REQUESTS_WAITING, "sum", f'{role}!="decode"'),
         "kv_usage": gauge(names.KV_CACHE_USAGE_PERC, "avg", f'{role}!="prefill"'),
         "ttft_p50_s": quantile(0.5, names.TIME_TO_FIRST_TOKEN_SECONDS),
         "ttft_p90_s": quantile(0.9, names.TIME_TO_FIRST_TOKEN_SECONDS),

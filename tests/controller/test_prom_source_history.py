@@ -46,6 +46,29 @@ def _pool_series(pool_labels: dict[str, str], sep: str, scale: float) -> list[Se
     return out
 
 
+QUEUE_FROM_S = 600  # pool a's prefill queue appears here: before it, its waiting is its servers' alone
+
+
+def _router_series() -> list[Series]:
+    """Router queues: pool a (colon spelling) 4 + 2 requests for prefill in two priority classes from
+    ``QUEUE_FROM_S`` on and 9 for decode (not prefill demand); pool b (underscore spelling, its servers
+    labelled by model_name only) 3 for mixed; pool c has a router but no server series."""
+    t = T0_S + np.arange(DURATION_S + 1, dtype=np.float64)
+    late = t >= T0_S + QUEUE_FROM_S
+
+    def queue(sep: str, value: float, when: np.ndarray, **labels: str) -> Series:
+        return Series(f"pdscale{sep}router_queue_length", labels, t[when], np.full(int(when.sum()), value))
+
+    always = np.ones_like(late)
+    return [
+        queue(":", 4.0, late, pool="a", stage="prefill", priority_class="normal"),
+        queue(":", 2.0, late, pool="a", stage="prefill", priority_class="vip"),
+        queue(":", 9.0, always, pool="a", stage="decode", priority_class="normal"),
+        queue("_", 3.0, always, pool="b", stage="mixed", priority_class="batch"),
+        queue(":", 5.0, always, pool="c", stage="prefill", priority_class="normal"),
+    ]
+
+
 class CountingQuerier:
     """A real client that counts range calls and the steps each asked for."""
 
@@ -76,7 +99,9 @@ class CountingQuerier:
 def prom(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
     data = Path(tmp_path_factory.mktemp("tsdb"))
     # pool "a" under colon names with a pool label; pool "b" under underscore names, model_name only
-    series = _pool_series({"pool": "a"}, ":", 1.0) + _pool_series({"model_name": "b"}, "_", 2.0)
+    series = (
+        _pool_series({"pool": "a"}, ":", 1.0) + _pool_series({"model_name": "b"}, "_", 2.0) + _router_series()
+    )
     backfill_openmetrics(series, data)
     with PrometheusServer(prometheus_bin, data_dir=data, retention="10y") as server:
         yield server
@@ -89,8 +114,8 @@ def test_history_per_pool_channels_in_chunks(prom: PrometheusServer) -> None:
     assert frame.node_ids == ("a", "b")
     assert frame.metrics == CHANNELS
     np.testing.assert_array_equal(frame.times_s, T0_S + np.arange(DURATION_S + 1))
-    # 10 channels x 5 chunks; the chunks tile the range without overlap
-    assert len(querier.calls) == 10 * math.ceil((DURATION_S + 1) / MAX_POINTS)
+    # 10 channels and the fleet's router queue, x 5 chunks; the chunks tile the range without overlap
+    assert len(querier.calls) == 11 * math.ceil((DURATION_S + 1) / MAX_POINTS)
     starts = sorted({c[0] for c in querier.calls})
     assert starts == [T0_S + k * MAX_POINTS for k in range(5)]
     inner = slice(20, DURATION_S - 5)  # past the first rate window, before the end
@@ -98,8 +123,10 @@ def test_history_per_pool_channels_in_chunks(prom: PrometheusServer) -> None:
         "arrival_rps": (2.0, 4.0),
         "prompt_tps": (100.0, 200.0),  # prefill only: decode instances' prompt counters are excluded
         "gen_tps": (30.0, 60.0),
-        "running": (6.0, 12.0),
-        "waiting": (2.0, 2.0),
+        "running": (
+            3.0,
+            6.0,
+        ),  # decode instances only (as PoolLoad.running): prefill's running are prefilling
         "kv_usage": (0.5, 0.5),  # decode instances only
         "ttft_p50_s": (0.175, 0.175),
         "ttft_p90_s": (0.235, 0.235),
@@ -113,3 +140,19 @@ def test_history_per_pool_channels_in_chunks(prom: PrometheusServer) -> None:
     # before the first sample there is nothing: NaN
     early = PrometheusSource(prom.url, max_points=MAX_POINTS).history(T0_S - 100, T0_S - 50, STEP_S)
     assert early.node_ids == () and early.values.shape == (0, len(CHANNELS), 51)
+
+
+def test_history_waiting_adds_the_router_queue_for_the_entry_stages(prom: PrometheusServer) -> None:
+    """As the live scrape (``add_router_queues``): the pool's prefill/mixed servers' waiting plus what its
+    router queues for those stages, in either spelling, from one range query for the fleet; a decode
+    instance's waiting and the decode stage's queue are not prefill demand; a router without servers adds
+    no pool."""
+    frame = PrometheusSource(prom.url, labels=LabelMap(), max_points=MAX_POINTS).history(
+        T0_S, T0_S + DURATION_S, STEP_S, rate_window_s=10.0
+    )
+    assert frame.node_ids == ("a", "b")
+    waiting = frame.series("waiting")
+    before, after = slice(20, QUEUE_FROM_S - 10), slice(QUEUE_FROM_S + 10, DURATION_S - 5)
+    np.testing.assert_array_equal(waiting[0, before], 1.0)  # a-p0's own 1; no router series yet
+    np.testing.assert_array_equal(waiting[0, after], 1.0 + 4.0 + 2.0)
+    np.testing.assert_array_equal(waiting[1, 20 : DURATION_S - 5], 1.0 + 3.0)

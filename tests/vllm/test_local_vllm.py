@@ -10,11 +10,13 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
+from controller.sources.direct import DirectSource
 from serving.pools.loadgen import completion_body, make_prompts, run_replay, scrape
 from serving.pools.local import (
     InstanceConfig,
@@ -26,6 +28,7 @@ from serving.pools.local import (
     start_pd_pair,
 )
 from serving.pools.tinymodel import build_tiny_model, normal_token_ids
+from serving.sim import samples as names_
 from serving.sim.validate import SliceSpec, run_real, scale_slice
 from serving.workload.trace import Trace
 
@@ -146,6 +149,43 @@ def test_metrics_expose_vllm_names_and_count_prompt_tokens(mixed: LocalInstance)
     for hist in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"):
         assert f"{hist}_bucket" in names
         assert after.total(f"{hist}_count") > before.total(f"{hist}_count")
+
+
+class _OneServerPool:
+    """The ``PoolView`` of a pool holding only ``server`` (no router): what ``DirectSource`` scrapes."""
+
+    def __init__(self, server: LocalInstance) -> None:
+        self.name, self.url, self.server = "tiny", "", server
+
+    def state(self) -> dict[str, Any]:
+        return {"instances": [{"id": "m0", "role": "mixed", "tier": "active", "url": self.server.url}]}
+
+
+def test_sources_count_every_finished_request(mixed: LocalInstance) -> None:
+    """vLLM's finished-request counter, as the direct (and so the Prometheus) source reads it into
+    ``vllm:request_success_total`` (``finished_reason`` series summed; ``PoolLoad.completion_rps`` and
+    ``output_floor='admitted'`` rest on it), rises by exactly the requests completed, in whichever spelling
+    and with whichever ``finished_reason`` series this vLLM exports."""
+    source = DirectSource(_OneServerPool(mixed))
+    page_names = scrape(mixed.url).names()
+    assert {"vllm:request_success_total", "vllm:request_success"} & page_names, sorted(page_names)
+
+    def finished() -> float:
+        got = source.scrape(time.time()).counters[names_.REQUEST_SUCCESS_TOTAL]
+        assert got.shape == (1,) and np.isfinite(got[0]), got
+        return float(got[0])
+
+    before = finished()
+    prompts = make_prompts([40, 60, 80, 50, 70], normal_token_ids(mixed.config.model_dir), seed=21)
+    for k, prompt in enumerate(prompts):
+        body = completion_body([], 4 + k, stream=False)
+        body["prompt"] = prompt
+        resp = httpx.post(f"{mixed.url}/v1/completions", json=body, timeout=120)
+        assert resp.status_code == 200, resp.text
+    deadline = time.monotonic() + 10.0  # the engine may publish its stats a moment after the response
+    while finished() - before < len(prompts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert finished() - before == len(prompts)
 
 
 def test_prefill_decode_pair_hands_kv_over(mixed: LocalInstance, model_dir: Path, tmp_path: Path) -> None:
