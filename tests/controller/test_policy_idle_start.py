@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from policy_fixtures import CAP, ctx, obs
 
@@ -21,8 +22,9 @@ Blocks = tuple[tuple[float, float, float, int], ...]
 
 def _load(t: float, rps: float) -> PoolObservation:
     """A pool at ``rps`` arrivals/s of 1,000-token prompts and 100-token outputs (0: nothing at all)."""
-    return obs(now_s=t, arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 100.0, running_seqs=rps * 2.0,
-               standby={"prefill": 0, "decode": 0})  # fmt: skip
+    o: PoolObservation = obs(now_s=t, arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 100.0,
+                             running_seqs=rps * 2.0, standby={"prefill": 0, "decode": 0})  # fmt: skip
+    return o
 
 
 def _bursty(t: float) -> float:
@@ -35,7 +37,12 @@ def _bursty(t: float) -> float:
     [
         ("load needs something: no idle stretch", [(0.0, 0.0), (0.5, 0.0)], math.nan, 0.0),
         ("nil need from t=1 on", [(1.0, 1.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0)], 1.0, 2.0),
-        ("an unknown need neither breaks nor extends it", [(0.0, 0.0), (math.nan, 0.0), (0.0, 0.0)], 0.0, 2.0),
+        (
+            "an unknown need neither breaks nor extends it",
+            [(0.0, 0.0), (math.nan, 0.0), (0.0, 0.0)],
+            0.0,
+            2.0,
+        ),
         ("decode still generating is not idle", [(0.0, 0.0), (0.0, 0.2)], math.nan, 0.0),
     ],
 )
@@ -118,7 +125,7 @@ def test_leading_run_table(label: str, totals: list[float], runs: Runs) -> None:
 
 def test_a_gap_in_the_data_ends_the_leading_run() -> None:
     blocks: Blocks = ((0.0, 6.0, 0.0, 5), (10.0, 6.0, 0.0, 5), (15.0, 1.0, 0.0, 5), (20.0, 1.0, 0.0, 5))
-    totals = stages.np.asarray([b[1] for b in blocks])
+    totals = np.asarray([b[1] for b in blocks])
     assert stages.leading_run(blocks, totals, 1.0, 0.3) == ((0.0, 5.0),)
 
 
@@ -145,7 +152,7 @@ def test_the_gap_after_a_run_cut_by_the_history_start_is_not_counted(
 
 
 def test_short_burst_does_not_count_a_run_cut_by_the_history_start() -> None:
-    blocks: Blocks = tuple((i * BLOCK, 1.0, 0.0, 5) for i in range(40)) + ((200.0, 8.0, 0.0, 1),)
+    blocks: Blocks = (*tuple((i * BLOCK, 1.0, 0.0, 5) for i in range(40)), (200.0, 8.0, 0.0, 1))
     runs: Runs = ((0.0, 10.0), (100.0, 110.0))  # the first starts with the history
     assert not stages.short_burst(runs, blocks, 201.0, PolicyConfig())[0]  # one whole burst: too few
     runs3: Runs = ((0.0, 10.0), (100.0, 110.0), (150.0, 160.0))
