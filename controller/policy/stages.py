@@ -886,7 +886,7 @@ def idle_stretch(
     first bursts after it meet the minimum fleet). An idle stretch of ``release_s`` or more is therefore a
     pause: the reserve is released and no block is recorded (``burst_reserve_stage``), and when the load comes
     back the history before it is moved forward by the time it was paused (``resume_history``), so the
-    pool's bursts are known again from its first busy block, as if the silence had lasted ``release_s``."""
+    pool's bursts are known again from its first busy block, as if the silence had not been."""
     if not (_known(need[0]) and _known(need[1])):
         since = state.idle_since_s
         return (now_s - since if math.isfinite(since) else 0.0), state
@@ -899,18 +899,30 @@ def idle_stretch(
 
 
 def resume_history(state: PoolState, now_s: float) -> PoolState:
-    """The burst history (need blocks, burst runs) moved forward in time so that its last block ends where the
-    block of ``now_s`` starts: the pause left no trace in it but its first ``release_s`` of idle blocks.
-    Whole blocks only, so the blocks stay on the ``NEED_BLOCK_S`` grid. Nothing to move without blocks."""
-    if not state.need_blocks:
+    """The burst history with the pause cut out: the idle blocks recorded at its start (the first
+    ``release_s``) are dropped, and what was before them (need blocks, burst runs) is moved forward in time so
+    that its last block ends where the block of ``now_s`` starts, on the ``NEED_BLOCK_S`` grid. In hindsight
+    those idle blocks were the start of the silence, not the pool's usual quiet: kept, they dilute every
+    quantile of rises (hostile_silence_1h: 60 of them took the reserve's prefill rise from 7.1 to 5.5
+    instances at the next burst). The seam is remembered (``PoolState.pauses``): the gap between the bursts on
+    either side of it is a silence, not an inter-burst gap, so ``burst_hold`` does not count it. A history of
+    nothing but idle blocks is only moved (its quiet is the watched time before a first burst)."""
+    blocks = state.need_blocks
+    keep = len(blocks)
+    while keep > 0 and _idle_need((blocks[keep - 1][1], blocks[keep - 1][2])):
+        keep -= 1
+    if keep > 0:
+        blocks = blocks[:keep]
+    if not blocks:
         return state
     start = math.floor(now_s / NEED_BLOCK_S) * NEED_BLOCK_S
-    shift = start - (state.need_blocks[-1][0] + NEED_BLOCK_S)
+    shift = start - (blocks[-1][0] + NEED_BLOCK_S)
     if shift <= 0:
         return state
-    blocks = tuple((t + shift, p, d, n) for t, p, d, n in state.need_blocks)
+    moved = tuple((t + shift, p, d, n) for t, p, d, n in blocks)
     runs = tuple((a + shift, b + shift) for a, b in state.burst_runs)
-    return replace(state, need_blocks=blocks, burst_runs=runs)
+    pauses = (*tuple(t + shift for t in state.pauses if t + shift >= moved[0][0]), start)
+    return replace(state, need_blocks=moved, burst_runs=runs, pauses=pauses)
 
 
 def smooth_load(obs: PoolObservation, state: PoolState, window_s: float) -> tuple[PoolObservation, PoolState]:
@@ -1001,7 +1013,11 @@ def leading_run(
 
 
 def burst_hold(
-    runs: tuple[tuple[float, float], ...], now_s: float, cfg: PolicyConfig, seen_from_s: float = math.nan
+    runs: tuple[tuple[float, float], ...],
+    now_s: float,
+    cfg: PolicyConfig,
+    seen_from_s: float = math.nan,
+    pauses: tuple[float, ...] = (),
 ) -> tuple[float, str | None]:
     """How long a scale-down window the bursts seen call for now (0 = none), and why.
 
@@ -1016,7 +1032,8 @@ def burst_hold(
     longer than a cold start, so the first burst is not held. A first run that starts with the history (the
     pool was first seen in it, see ``leading_run``) is known only in part: it is held as a burst, but the gap
     after it is not counted (with one gap, the hazard falls to 0 as soon as τ outlasts it, so one censored
-    run would release the next burst's capacity at once). Never more than ``burst_hold_max_s`` after
+    run would release the next burst's capacity at once). Nor is a gap across one of ``pauses`` (the seams
+    ``resume_history`` left where an idle pause was cut out). Never more than ``burst_hold_max_s`` after
     the burst, never without a burst seen, and not after a high load that lasted one cold start or more (a
     level change, which cold capacity follows: a slow ramp or a sinusoid's crest is not a burst). Unless
     ``burst_hold_rebuy``, a hold once let go (the hazard below the threshold at some τ' < τ on a 5-s grid, from
@@ -1030,10 +1047,14 @@ def burst_hold(
     lead = cfg.provision_lead_s
     if tau >= cfg.burst_hold_max_s or last_end - last_start >= lead:
         return 0.0, None  # a high load that lasted a cold start is a level cold capacity follows, not a burst
-    gaps = np.asarray([b[0] - a[1] for a, b in itertools.pairwise(runs)], dtype=np.float64)
+    pairs = list(itertools.pairwise(runs))
     quiet_before = runs[0][0] - seen_from_s  # NaN when unknown
     if quiet_before <= 1e-9:
-        gaps = gaps[1:]  # the first run starts with the history (``leading_run``): its gap is not counted
+        pairs = pairs[1:]  # the first run starts with the history (``leading_run``): its gap is not counted
+    # nor is a gap across a pause (``resume_history``): a silence, not the time between two bursts
+    gaps = np.asarray(
+        [b[0] - a[1] for a, b in pairs if not any(a[1] <= t <= b[0] for t in pauses)], dtype=np.float64
+    )
     if len(gaps) == 0 and quiet_before >= lead:
         # No gap between bursts yet, but the load was watched for at least one cold start before the first
         # burst without one: bursts are not known to come faster than capacity can be started again.

@@ -57,14 +57,42 @@ def test_idle_stretch_table(
     assert (math.isnan(state.idle_since_s) and math.isnan(since)) or state.idle_since_s == since, label
 
 
-def test_resume_moves_the_history_next_to_the_returning_block() -> None:
-    blocks: Blocks = ((100.0, 1.0, 1.0, 5), (105.0, 6.0, 1.0, 5), (110.0, 0.0, 0.0, 5))
+def test_resume_cuts_the_pause_out_of_the_history() -> None:
+    blocks: Blocks = ((100.0, 1.0, 1.0, 5), (105.0, 6.0, 1.0, 5), (110.0, 0.0, 0.0, 5), (115.0, 0.0, 0.0, 5))
     state = PoolState(need_blocks=blocks, burst_runs=((105.0, 110.0),), idle_since_s=110.0)
-    moved = stages.resume_history(state, 4003.0)  # its block starts at 4000: shift 4000 - 115 = 3885
-    assert [b[0] for b in moved.need_blocks] == [3985.0, 3990.0, 3995.0]
-    assert moved.burst_runs == ((3990.0, 3995.0),)
-    assert [b[1:] for b in moved.need_blocks] == [b[1:] for b in blocks]  # needs kept as they were
+    moved = stages.resume_history(state, 4003.0)  # its block starts at 4000: the idle blocks go, shift 3890
+    assert [b[0] for b in moved.need_blocks] == [3990.0, 3995.0]
+    assert [b[1:] for b in moved.need_blocks] == [b[1:] for b in blocks[:2]]  # needs kept as they were
+    assert moved.burst_runs == ((3995.0, 4000.0),)
+    assert moved.pauses == (4000.0,)
     assert stages.resume_history(PoolState(), 4003.0) == PoolState()  # nothing to move
+
+
+def test_a_history_of_idle_blocks_only_is_moved_not_cut() -> None:
+    """A pool idle from its start keeps its watched quiet: the first burst after it is not held for it."""
+    blocks: Blocks = tuple((i * BLOCK, 0.0, 0.0, 5) for i in range(60))
+    moved = stages.resume_history(PoolState(need_blocks=blocks, idle_since_s=0.0), 4003.0)
+    assert len(moved.need_blocks) == 60
+    assert moved.need_blocks[-1][0] == 3995.0
+
+
+@pytest.mark.parametrize(
+    ("label", "pauses", "holds"),
+    [
+        # runs 10 s long, gaps 30 s then 40 s; τ = 60 s after the last: both gaps outlasted, hazard 0
+        ("no pause: both gaps count, released", (), False),
+        # the 40-s gap spans a pause: one gap of 30 s is left, still outlasted → released
+        ("a pause in one gap: the other still decides", (70.0,), False),
+        # both gaps span pauses: no gap left, too few to release → held
+        ("pauses in every gap: too few gaps, held", (35.0, 70.0), True),
+    ],
+)
+def test_a_gap_across_a_pause_is_not_an_inter_burst_gap(
+    label: str, pauses: tuple[float, ...], holds: bool
+) -> None:
+    runs: Runs = ((0.0, 10.0), (40.0, 50.0), (90.0, 100.0))
+    window, _ = stages.burst_hold(runs, 160.0, PolicyConfig(), math.nan, pauses)
+    assert (window > 0) == holds, label
 
 
 def _reserve_run(ticks: list[tuple[float, float]], cfg: PolicyConfig) -> list[tuple[int, tuple[str, ...]]]:
