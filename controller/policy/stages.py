@@ -180,6 +180,12 @@ def capacity_target(
             )
     prefill_slo = (prompt_tps + backlog_tps) * cap.correction / cap.prefill_tps
     prefill = (prompt_tps + backlog_cold_tps) * cap.correction / cap.prefill_tps
+    starting = warm + obs.provisioning.get("prefill", 0)
+    if persistent_queue and _cleared_by(obs, cap, prompt_tps, starting, lead_s):
+        persistent_queue = False  # capacity asked for now would serve an empty queue: the lead rule below
+        reasons.append(
+            f"queue: persistent, but {starting} warm and starting prefill clear it within the lead"
+        )
     if prefill_slo > prefill and persistent_queue:
         prefill = prefill_slo
         reasons.append("queue: persistent, cleared within the SLO by as many instances as it takes")
@@ -205,6 +211,19 @@ def capacity_target(
     # Arithmetic on absurd (finite) inputs can overflow to inf: that is demand beyond any fleet.
     prefill, decode = min(prefill, MAX_NEED), min(decode, MAX_NEED)
     return Need(prefill=prefill, decode=decode, running_seqs=running, reasons=tuple(reasons))
+
+
+def _cleared_by(
+    obs: PoolObservation, cap: PoolCapacity, prompt_tps: float, instances: int, lead_s: float
+) -> bool:
+    """Whether ``instances`` prefill instances (warm and starting, all counted as serving) clear the waiting
+    prompt tokens within ``lead_s`` while carrying ``prompt_tps``: then cold capacity asked for now serves an
+    empty queue (a flash crowd's persistent queue: 34 instances started at 421 s served from 545 s, 55 s after
+    the 14 already starting had cleared it)."""
+    if not (lead_s > 0 and _known(obs.waiting_requests) and _known(obs.mean_prompt_tokens)):
+        return False
+    spare_tps = instances * cap.prefill_tps / cap.correction - prompt_tps
+    return spare_tps > 0 and obs.waiting_requests * obs.mean_prompt_tokens <= spare_tps * lead_s
 
 
 TREND_WINDOWS_S = (30.0, 60.0, 120.0)  # least-squares windows over the per-tick arrival rate, shortest first
