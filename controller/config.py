@@ -191,6 +191,22 @@ class PolicyConfig(BaseModel):
         le=3600.0,
         description="the longest a burst hold lasts after the burst (300 s: HPA's scale-down window)",
     )
+    idle_release_s: float = Field(
+        300.0,
+        gt=0.0,
+        le=86400.0,
+        description=(
+            "a pool whose measured load has needed nothing (no prompt arriving, nothing generating) for this"
+            " long is idle: the burst reserve is released and the rest of the silence is left out of the burst"
+            " history, which picks up again where it stopped when the load returns (stages.idle_stretch). An"
+            " hour of silence otherwise dilutes the reserve's quantiles: it kept 8 prefill instances for 27 min"
+            " of nothing, then read 0 for the bursts after it (hostile_silence_1h: 62.6 -> 88.1 % SLO at -36 %"
+            " GPU-s). A shorter silence keeps the reserve warm for the first burst back: 30 min of silence in"
+            " the code trace is 99.5 % with 1800, 89.0 % at -24 % GPU-s with 300 (docs/BENCHMARKS.md, 'Silences"
+            " and histories that start in a burst'). 300 s: KEDA's cooldown, HPA's scale-down window and"
+            " burst_hold_max_s; longer than any idle stretch of the bundled traces"
+        ),
+    )
     short_burst_cap: bool = Field(
         True,
         description=(

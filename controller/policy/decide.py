@@ -92,7 +92,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
 
     wanted = {"prefill": prefill, "decode": decode}
     seen_from = state.need_blocks[0][0] if state.need_blocks else math.nan
-    hold_s, why_hold = stages.burst_hold(state.burst_runs, obs.now_s, cfg, seen_from)
+    hold_s, why_hold = stages.burst_hold(state.burst_runs, obs.now_s, cfg, seen_from, state.pauses)
     if why_hold:
         reasons.append(why_hold)
     short, why_short = stages.short_burst(state.burst_runs, state.need_blocks, obs.now_s, cfg)

@@ -226,6 +226,12 @@ def capacity_target(
             )
     prefill_slo = (prompt_tps + backlog_tps) * cap.correction / cap.prefill_tps
     prefill = (prompt_tps + backlog_cold_tps) * cap.correction / cap.prefill_tps
+    starting = warm + obs.provisioning.get("prefill", 0)
+    if persistent_queue and _cleared_by(obs, cap, prompt_tps, starting, lead_s):
+        persistent_queue = False  # capacity asked for now would serve an empty queue: the lead rule below
+        reasons.append(
+            f"queue: persistent, but {starting} warm and starting prefill clear it within the lead"
+        )
     if prefill_slo > prefill and persistent_queue:
         prefill = prefill_slo
         reasons.append("queue: persistent, cleared within the SLO by as many instances as it takes")
@@ -251,6 +257,19 @@ def capacity_target(
     # Arithmetic on absurd (finite) inputs can overflow to inf: that is demand beyond any fleet.
     prefill, decode = min(prefill, MAX_NEED), min(decode, MAX_NEED)
     return Need(prefill=prefill, decode=decode, running_seqs=running, reasons=tuple(reasons))
+
+
+def _cleared_by(
+    obs: PoolObservation, cap: PoolCapacity, prompt_tps: float, instances: int, lead_s: float
+) -> bool:
+    """Whether ``instances`` prefill instances (warm and starting, all counted as serving) clear the waiting
+    prompt tokens within ``lead_s`` while carrying ``prompt_tps``: then cold capacity asked for now serves an
+    empty queue (a flash crowd's persistent queue: 34 instances started at 421 s served from 545 s, 55 s after
+    the 14 already starting had cleared it)."""
+    if not (lead_s > 0 and _known(obs.waiting_requests) and _known(obs.mean_prompt_tokens)):
+        return False
+    spare_tps = instances * cap.prefill_tps / cap.correction - prompt_tps
+    return spare_tps > 0 and obs.waiting_requests * obs.mean_prompt_tokens <= spare_tps * lead_s
 
 
 TREND_WINDOWS_S = (30.0, 60.0, 120.0)  # least-squares windows over the per-tick arrival rate, shortest first
@@ -1021,6 +1040,10 @@ def burst_reserve_stage(
     if cfg.burst_reserve == "off" and cfg.burst_hold == "off" and not cfg.short_burst_cap:
         return prefill, decode, (0, 0), state, ()
     now_need = load_need(obs, cap, offered=uses_offered(obs, cfg))
+    idle_s, state = idle_stretch(now_need, obs.now_s, cfg.idle_release_s, state)
+    if idle_s >= cfg.idle_release_s:
+        why = f"idle {idle_s:.0f} s (no load since t={obs.now_s - idle_s:.0f} s): burst reserve released"
+        return prefill, decode, (0, 0), state, (f"{why}, burst history paused",)
     keep_s = cfg.burst_window_s + cfg.provision_lead_s
     blocks, opened = update_need_blocks(state.need_blocks, obs.now_s, now_need, keep_s)
     if opened and (cfg.burst_hold != "off" or cfg.short_burst_cap):
@@ -1046,6 +1069,62 @@ def burst_reserve_stage(
     if cfg.burst_reserve == "active":
         return max(prefill, want[0]), max(decode, want[1]), (0, 0), state, (reason,)
     return prefill, decode, (max(want[0] - prefill, 0), max(want[1] - decode, 0)), state, (reason,)
+
+
+def _idle_need(need: tuple[float, float]) -> bool:
+    """The measured load needs nothing: no prompt arriving or prefilling, nothing generating."""
+    return need[0] <= 0.0 and need[1] <= 0.0
+
+
+def idle_stretch(
+    need: tuple[float, float], now_s: float, release_s: float, state: PoolState
+) -> tuple[float, PoolState]:
+    """How long the pool's measured load has needed nothing (``_idle_need``), seconds (0 while it needs
+    something; an unknown need extends nothing and breaks nothing), and the state that remembers it.
+
+    The burst reserve and the burst runs are learned over the last ``burst_window_s`` of history, and a long
+    silence is history too: an hour of nothing dilutes every quantile of rises to 0, so the reserve holds its
+    old value for much of the silence (cost for nobody) and then reads 0 just when the load comes back (the
+    first bursts after it meet the minimum fleet). An idle stretch of ``release_s`` or more is therefore a
+    pause: the reserve is released and no block is recorded (``burst_reserve_stage``), and when the load comes
+    back the history before it is moved forward by the time it was paused (``resume_history``), so the
+    pool's bursts are known again from its first busy block, as if the silence had not been."""
+    if not (_known(need[0]) and _known(need[1])):
+        since = state.idle_since_s
+        return (now_s - since if math.isfinite(since) else 0.0), state
+    if not _idle_need(need):
+        if math.isfinite(state.idle_since_s) and now_s - state.idle_since_s >= release_s:
+            state = resume_history(state, now_s)
+        return 0.0, replace(state, idle_since_s=math.nan)
+    since = state.idle_since_s if math.isfinite(state.idle_since_s) else now_s
+    return now_s - since, replace(state, idle_since_s=since)
+
+
+def resume_history(state: PoolState, now_s: float) -> PoolState:
+    """The burst history with the pause cut out: the idle blocks recorded at its start (the first
+    ``release_s``) are dropped, and what was before them (need blocks, burst runs) is moved forward in time so
+    that its last block ends where the block of ``now_s`` starts, on the ``NEED_BLOCK_S`` grid. In hindsight
+    those idle blocks were the start of the silence, not the pool's usual quiet: kept, they dilute every
+    quantile of rises (hostile_silence_1h: 60 of them took the reserve's prefill rise from 7.1 to 5.5
+    instances at the next burst). The seam is remembered (``PoolState.pauses``): the gap between the bursts on
+    either side of it is a silence, not an inter-burst gap, so ``burst_hold`` does not count it. A history of
+    nothing but idle blocks is only moved (its quiet is the watched time before a first burst)."""
+    blocks = state.need_blocks
+    keep = len(blocks)
+    while keep > 0 and _idle_need((blocks[keep - 1][1], blocks[keep - 1][2])):
+        keep -= 1
+    if keep > 0:
+        blocks = blocks[:keep]
+    if not blocks:
+        return state
+    start = math.floor(now_s / NEED_BLOCK_S) * NEED_BLOCK_S
+    shift = start - (blocks[-1][0] + NEED_BLOCK_S)
+    if shift <= 0:
+        return state
+    moved = tuple((t + shift, p, d, n) for t, p, d, n in blocks)
+    runs = tuple((a + shift, b + shift) for a, b in state.burst_runs)
+    pauses = (*tuple(t + shift for t in state.pauses if t + shift >= moved[0][0]), start)
+    return replace(state, need_blocks=moved, burst_runs=runs, pauses=pauses)
 
 
 def smooth_load(obs: PoolObservation, state: PoolState, window_s: float) -> tuple[PoolObservation, PoolState]:
@@ -1094,7 +1173,14 @@ def update_burst_runs(
     runs of consecutive "high" blocks as (start_s, end_s). A block is high when its total need (prefill +
     decode instances) exceeds the median block of the window by more than the headroom covers and by at
     least one instance: a load the capacity kept for the typical load does not carry. Runs that ended more
-    than ``keep_s`` before the block are forgotten."""
+    than ``keep_s`` before the block are forgotten.
+
+    The pool's first blocks were judged against a median of themselves, so a pool first seen in a burst (a
+    controller started mid-burst, a trace cut there) never records that burst: nothing holds the capacity it
+    started, and the scale-down cancels it just before it serves (mmpp@3: four prefill instances asked for at
+    t = 5 s released one by one from t = 69 s, and the next burst at 220 s met two). While no run is known and
+    the history is younger than ``keep_s`` (its first block is the pool's first), the leading blocks are
+    judged again against the window's median (``leading_run``)."""
     if len(blocks) < 2:
         return runs
     totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
@@ -1102,6 +1188,8 @@ def update_burst_runs(
     start, need = blocks[-2][0], float(totals[-1])
     end = start + NEED_BLOCK_S
     runs = tuple(r for r in runs if end - r[1] <= keep_s)
+    if not runs and end - blocks[0][0] < keep_s:
+        runs = leading_run(blocks[:-1], totals, median, headroom)
     if not _is_high(need, median, headroom):
         return runs
     if runs and runs[-1][1] >= start - 1e-9:
@@ -1109,8 +1197,29 @@ def update_burst_runs(
     return (*runs, (start, end))
 
 
+def leading_run(
+    blocks: tuple[tuple[float, float, float, int], ...], totals: np.ndarray, median: float, headroom: float
+) -> tuple[tuple[float, float], ...]:
+    """The run of consecutive high blocks (``_is_high`` against ``median``) that the completed ``blocks``
+    start with, as one (start_s, end_s) run; () when the first block is not high. The last completed block is
+    left to ``update_burst_runs``, which judges it next (and extends the run when it is high too).
+    Consecutive means on the ``NEED_BLOCK_S`` grid: a gap in the data ends the run."""
+    k = 0
+    while (
+        k < len(blocks) - 1
+        and abs(blocks[k][0] - (blocks[0][0] + k * NEED_BLOCK_S)) < 1e-6
+        and _is_high(float(totals[k]), median, headroom)
+    ):
+        k += 1
+    return ((blocks[0][0], blocks[k - 1][0] + NEED_BLOCK_S),) if k > 0 else ()
+
+
 def burst_hold(
-    runs: tuple[tuple[float, float], ...], now_s: float, cfg: PolicyConfig, seen_from_s: float = math.nan
+    runs: tuple[tuple[float, float], ...],
+    now_s: float,
+    cfg: PolicyConfig,
+    seen_from_s: float = math.nan,
+    pauses: tuple[float, ...] = (),
 ) -> tuple[float, str | None]:
     """How long a scale-down window the bursts seen call for now (0 = none), and why.
 
@@ -1122,7 +1231,11 @@ def burst_hold(
     ``burst_hold_probability``, or while fewer than ``burst_hold_min_gaps`` gaps are known (unknown is not
     "no burst coming") — except after a first burst preceded by at least one cold start of watched load
     without one (``seen_from_s``, the oldest remembered load block): that quiet time is a censored gap
-    longer than a cold start, so the first burst is not held. Never more than ``burst_hold_max_s`` after
+    longer than a cold start, so the first burst is not held. A first run that starts with the history (the
+    pool was first seen in it, see ``leading_run``) is known only in part: it is held as a burst, but the gap
+    after it is not counted (with one gap, the hazard falls to 0 as soon as τ outlasts it, so one censored
+    run would release the next burst's capacity at once). Nor is a gap across one of ``pauses`` (the seams
+    ``resume_history`` left where an idle pause was cut out). Never more than ``burst_hold_max_s`` after
     the burst, never without a burst seen, and not after a high load that lasted one cold start or more (a
     level change, which cold capacity follows: a slow ramp or a sinusoid's crest is not a burst). Unless
     ``burst_hold_rebuy``, a hold once let go (the hazard below the threshold at some τ' < τ on a 5-s grid, from
@@ -1136,8 +1249,14 @@ def burst_hold(
     lead = cfg.provision_lead_s
     if tau >= cfg.burst_hold_max_s or last_end - last_start >= lead:
         return 0.0, None  # a high load that lasted a cold start is a level cold capacity follows, not a burst
-    gaps = np.asarray([b[0] - a[1] for a, b in itertools.pairwise(runs)], dtype=np.float64)
+    pairs = list(itertools.pairwise(runs))
     quiet_before = runs[0][0] - seen_from_s  # NaN when unknown
+    if quiet_before <= 1e-9:
+        pairs = pairs[1:]  # the first run starts with the history (``leading_run``): its gap is not counted
+    # nor is a gap across a pause (``resume_history``): a silence, not the time between two bursts
+    gaps = np.asarray(
+        [b[0] - a[1] for a, b in pairs if not any(a[1] <= t <= b[0] for t in pauses)], dtype=np.float64
+    )
     if len(gaps) == 0 and quiet_before >= lead:
         # No gap between bursts yet, but the load was watched for at least one cold start before the first
         # burst without one: bursts are not known to come faster than capacity can be started again.
@@ -1192,7 +1311,10 @@ def short_burst(
     ``burst_hold_probability``, d = how long this one has lasted. Never once it has lasted a cold start: that
     is a level cold capacity follows, not a burst (``burst_hold``'s rule; without it the 1800-s sinusoid's first
     rise, longer than the few short bursts seen, read P = 0 and was capped for minutes). The current block is
-    judged by its mean so far against the window's median block, as ``update_burst_runs`` judges completed ones."""
+    judged by its mean so far against the window's median block, as ``update_burst_runs`` judges completed ones.
+    A run that starts with the history is not counted: its duration is only a lower bound (``burst_hold``)."""
+    if blocks and runs and runs[0][0] <= blocks[0][0] + 1e-9:
+        runs = runs[1:]  # cut by the start of the history: its duration is a lower bound (see burst_hold)
     if not cfg.short_burst_cap or len(blocks) < 2 or len(runs) < cfg.burst_hold_min_gaps + 1:
         return False, None
     totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)

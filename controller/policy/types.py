@@ -136,3 +136,7 @@ class PoolState:
     queue_since_s: float = math.nan  # when the current unbroken queue began (NaN = no queue)
     # (start_s, end_s) of the bursts seen over the burst window (stages.update_burst_runs, burst_hold)
     burst_runs: tuple[tuple[float, float], ...] = ()
+    # when the current stretch of nil measured load began (NaN = the load needs something; stages.idle_stretch)
+    idle_since_s: float = math.nan
+    # where idle pauses were cut out of the burst history (stages.resume_history), in its moved time
+    pauses: tuple[float, ...] = ()

@@ -200,16 +200,24 @@ def test_queue_age_counts_an_unbroken_queue_only() -> None:
 
 
 @pytest.mark.parametrize(
-    ("label", "persistent", "prefill"),
+    ("label", "persistent", "prompt_tps", "provisioning", "prefill"),
     [
-        # 200 waiting x 1000 tokens: within 1 s that is 21 instances; cold ones only get it over the lead,
-        # beyond the 2 warm instances (see test_policy_lead).
-        ("a young queue uses the warm instances", False, 2.0),
-        ("a persistent queue is cleared within the SLO", True, 21.0),
+        # 200 waiting x 1000 tokens beside 19k tok/s of load: within 1 s that is 21.9 instances; cold ones only
+        # get it over the lead (1.9 + 0.2), beyond the 2 warm instances (see test_policy_lead).
+        ("a young queue uses the warm instances", False, 19_000.0, 0, 2.1),
+        # the 2 warm instances have 1k tok/s to spare: 200 s for the queue, longer than the 100-s lead
+        ("a persistent queue is cleared within the SLO", True, 19_000.0, 0, 21.9),
+        # 10k tok/s to spare clears it in 20 s: capacity started now would serve an empty queue
+        ("a persistent queue the warm fleet clears within the lead", True, 10_000.0, 0, 2.0),
+        # 4 instances starting count too: 41k tok/s spare
+        ("a persistent queue the starting fleet clears within the lead", True, 19_000.0, 4, 2.1),
     ],
 )
-def test_persistent_queue_is_cleared_within_the_slo(label: str, persistent: bool, prefill: float) -> None:
-    o = obs(waiting_requests=200.0, oldest_wait_s=0.0)
+def test_persistent_queue_is_cleared_within_the_slo(
+    label: str, persistent: bool, prompt_tps: float, provisioning: int, prefill: float
+) -> None:
+    o = obs(waiting_requests=200.0, oldest_wait_s=0.0, prompt_tps=prompt_tps,
+            provisioning={"prefill": provisioning, "decode": 0})  # fmt: skip
     need = stages.capacity_target(o, CAP, slo_ttft_s=1.0, lead_s=100.0, persistent_queue=persistent)
     assert need is not None and need.prefill == pytest.approx(prefill), label
 
@@ -218,12 +226,13 @@ def test_decide_clears_a_queue_that_outlives_queue_persist_s() -> None:
     cfg = PolicyConfig(queue_persist_s=30.0, ramp_up_s=0, burst_reserve="off")
     state, plans = PoolState(), {}
     for t in range(0, 40):
-        o = obs(now_s=float(t), waiting_requests=200.0, oldest_wait_s=0.0)
+        # the load takes 1.9 of the 2 warm instances: they alone would take 200 s for the queue
+        o = obs(now_s=float(t), waiting_requests=200.0, oldest_wait_s=0.0, prompt_tps=19_000.0)
         plan, state = decide(ctx(o, cfg), state)
         assert plan is not None
         plans[t] = plan.prefill
     assert plans[10] < 10  # young queue: warm instances plus what the lead can clear
-    assert plans[35] >= 21  # persistent: 21 instances of need, with headroom
+    assert plans[35] >= 21  # persistent: 21.9 instances of need, with headroom
 
 
 @pytest.mark.parametrize(
