@@ -192,7 +192,7 @@ class PolicyConfig(BaseModel):
         description="the longest a burst hold lasts after the burst (300 s: HPA's scale-down window)",
     )
     idle_release_s: float = Field(
-        300.0,
+        1800.0,
         gt=0.0,
         le=86400.0,
         description=(
@@ -203,8 +203,9 @@ class PolicyConfig(BaseModel):
             " of nothing, then read 0 for the bursts after it (hostile_silence_1h: 62.6 -> 88.1 % SLO at -36 %"
             " GPU-s). A shorter silence keeps the reserve warm for the first burst back: 30 min of silence in"
             " the code trace is 99.5 % with 1800, 89.0 % at -24 % GPU-s with 300 (docs/BENCHMARKS.md, 'Silences"
-            " and histories that start in a burst'). 300 s: KEDA's cooldown, HPA's scale-down window and"
-            " burst_hold_max_s; longer than any idle stretch of the bundled traces"
+            " and histories that start in a burst'). 1800 s: the first burst after a silence of up to half an"
+            " hour meets the reserve (SLO first); 300 (KEDA's cooldown, HPA's scale-down window) is the"
+            " cost-first choice"
         ),
     )
     short_burst_cap: bool = Field(

@@ -107,7 +107,7 @@ def _reserve_run(ticks: list[tuple[float, float]], cfg: PolicyConfig) -> list[tu
 def test_an_hour_of_silence_releases_the_reserve_and_keeps_it_for_the_return() -> None:
     """10 min of bursts, 1 h of nothing, then 2 req/s: the reserve is released 300 s into the silence (it
     was held for ~27 min, then read 0 at the return, before), and is there again at the first busy tick."""
-    cfg = PolicyConfig()
+    cfg = PolicyConfig(idle_release_s=300.0)
     busy = [(float(t), _bursty(t)) for t in range(600)]
     quiet = [(float(t), 0.0) for t in range(600, 4200)]
     out = _reserve_run([*busy, *quiet, (4200.0, 2.0)], cfg)
