@@ -418,12 +418,15 @@ def eval_summary(doc: dict[str, Any]) -> tuple[str, str]:
     ]
     points = {m: f.get("points", 0) for m, f in models.items()}
     uneven = "" if len(set(points.values())) == 1 else f"; models scored on unequal points {points}"
-    base = min((f["mae"], m) for m, f in models.items() if f.get("mae") is not None and m != "learned")
+    ours = ("learned", "combined")  # the network alone, and inside the online combination: not baselines
+    base = min((f["mae"], m) for m, f in models.items() if f.get("mae") is not None and m not in ours)
     lstm = models.get("learned", {}).get("mae") or float("nan")
+    comb = models.get("combined", {}).get("mae")
+    comb_text = "" if comb is None else f", combined {comb:.2f} (×{comb / base[0]:.2f})"
     burst = doc.get("burst") or {}
     summary = (
-        f"{doc['scored_points']} pts, learned MAE {lstm:.2f} vs best baseline {base[1]} {base[0]:.2f} "
-        f"(×{lstm / base[0]:.2f}); onsets {burst.get('onsets')}, recall {burst.get('recall') or 0:.2f}{uneven}"
+        f"{doc['scored_points']} pts, learned MAE {lstm:.2f} (×{lstm / base[0]:.2f}){comb_text} vs best baseline "
+        f"{base[1]} {base[0]:.2f}; onsets {burst.get('onsets')}, recall {burst.get('recall') or 0:.2f}{uneven}"
     )
     return (f"bad MAE for {bad}" if bad else ""), summary
 
