@@ -32,7 +32,6 @@ import yaml
 
 from controller.config import ControllerConfig, PoolConfig
 from controller.settings import LabelMap
-from controller.sources.aggregate import histogram_quantile
 from controller.sources.prometheus import (
     COUNTERS,
     GAUGES,
@@ -43,6 +42,7 @@ from controller.sources.prometheus import (
 )
 from forecaster.features import DEFAULT_SCHEMA, POOL_SCHEMA, FeatureError, FeatureSchema
 from serving.sim import samples as names
+from serving.sim.samples import histogram_quantile
 
 Verdict = Literal["ok", "warn", "fail", "skip"]
 VERDICTS: tuple[Verdict, ...] = ("ok", "warn", "fail", "skip")

@@ -369,6 +369,31 @@ class LastValue(CountBaseline):
         return np.where(self._n_obs >= self._h, self._hist[:, :, -self._h :].sum(axis=2), np.nan)
 
 
+def ewma_step(rate: np.ndarray, vals: np.ndarray, observed: np.ndarray, alpha: float) -> None:
+    """One EWMA step in place: ``rate = alpha*y + (1-alpha)*rate`` where ``observed``, starting at the first
+    observed value (NaN = not started); unobserved entries keep their state. Shared by :class:`EWMA` and
+    ``forecaster.combination``'s EWMA expert."""
+    fresh = observed & np.isnan(rate)
+    rate[fresh] = vals[fresh]
+    upd = observed & ~fresh
+    rate[upd] = alpha * vals[upd] + (1.0 - alpha) * rate[upd]
+
+
+def holt_step(
+    level: np.ndarray, trend: np.ndarray, vals: np.ndarray, observed: np.ndarray, alpha: float, beta: float
+) -> None:
+    """One Holt step in place where ``observed`` (level NaN = not started: ``l = y``, ``b`` stays 0):
+    ``l = a*y + (1-a)(l + b)``, ``b = beta(l - l_prev) + (1-beta) b``. Shared by :class:`Holt` and
+    ``forecaster.combination``'s Holt expert."""
+    fresh = observed & np.isnan(level)
+    level[fresh] = vals[fresh]
+    upd = observed & ~fresh
+    prev = level[upd]
+    lvl = alpha * vals[upd] + (1 - alpha) * (prev + trend[upd])
+    trend[upd] = beta * (lvl - prev) + (1 - beta) * trend[upd]
+    level[upd] = lvl
+
+
 def _alpha_from_halflife(halflife_s: float) -> float:
     if not halflife_s > 0:
         raise ValueError(f"halflife_s must be > 0, got {halflife_s}")
@@ -401,11 +426,7 @@ class EWMA(CountBaseline):
         return np.asarray(self._h * r, dtype=np.float64)
 
     def _mean_stream(self, vals: np.ndarray, observed: np.ndarray) -> np.ndarray:
-        a = self._alpha
-        fresh = observed & np.isnan(self._rate)
-        self._rate[fresh] = vals[fresh]
-        upd = observed & ~fresh
-        self._rate[upd] = a * vals[upd] + (1.0 - a) * self._rate[upd]
+        ewma_step(self._rate, vals, observed, self._alpha)
         return self._h * self._rate
 
 
@@ -450,14 +471,7 @@ class Holt(CountBaseline):
         return self._total(level, trend)
 
     def _mean_stream(self, vals: np.ndarray, observed: np.ndarray) -> np.ndarray:
-        a, b = self.alpha, self.beta
-        fresh = observed & np.isnan(self._level)
-        self._level[fresh] = vals[fresh]
-        upd = observed & ~fresh
-        prev = self._level[upd]
-        lvl = a * vals[upd] + (1 - a) * (prev + self._trend[upd])
-        self._trend[upd] = b * (lvl - prev) + (1 - b) * self._trend[upd]
-        self._level[upd] = lvl
+        holt_step(self._level, self._trend, vals, observed, self.alpha, self.beta)
         return self._total(self._level, self._trend)
 
 

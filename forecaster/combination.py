@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal, cast, overload
 
 import numpy as np
 
-from forecaster.baselines import INPUT_CHANNELS, fast_count_quantiles
+from forecaster.baselines import INPUT_CHANNELS, ewma_step, fast_count_quantiles, holt_step
 from forecaster.types import CHANNELS, TARGETS, ForecastBatch, Forecaster
 
 if TYPE_CHECKING:
@@ -176,17 +176,8 @@ class OnlineCombination:
         """Update the baselines' state with this step and write their forecasts into ``out [3, N, C, Q]``."""
         obs = np.isfinite(values)
         self.n_obs += obs
-        # EWMA, from the first observed value (forecaster.baselines.EWMA)
-        a = self._alpha
-        fresh = obs & np.isnan(self.rate)
-        self.rate = np.where(fresh, values, np.where(obs, a * values + (1.0 - a) * self.rate, self.rate))
-        # Holt (forecaster.baselines.Holt): level and trend, from l = y0, b = 0
-        al, be = self.config.holt_alpha, self.config.holt_beta
-        fresh = obs & np.isnan(self.level)
-        lvl = al * values + (1.0 - al) * (self.level + self.trend)
-        upd = obs & ~fresh
-        self.trend = np.where(upd, be * (lvl - self.level) + (1.0 - be) * self.trend, self.trend)
-        self.level = np.where(fresh, values, np.where(upd, lvl, self.level))
+        ewma_step(self.rate, values, obs, self._alpha)  # the baselines' own recurrences, in place
+        holt_step(self.level, self.trend, values, obs, self.config.holt_alpha, self.config.holt_beta)
         # last value: the last h steps' total (their mean times h where some are unknown), held through gaps
         seen = np.isfinite(self.values)
         n_seen = seen.sum(axis=0)

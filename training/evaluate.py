@@ -9,10 +9,11 @@ alarm threshold is chosen on it). The protocol is written out for users in ``doc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -217,6 +218,20 @@ def _batch_getter(rows: list[ForecastBatch]) -> Callable[[str, float], np.ndarra
     return get
 
 
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """torch on one thread for the block, then as it was: one node's tiny steps only contend with extra
+    threads (20x slower on 2 busy cores)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _learned_series(
     lf: LearnedForecaster,
     x: np.ndarray,
@@ -229,16 +244,12 @@ def _learned_series(
     With ``combination``: step its :class:`CombinedForecaster` instead and return the network's own
     forecasts, the combination's, and the combination's weights per step ``[T, E, C, Q]``.
     """
-    import torch
-
     model: Forecaster = lf if combination is None else CombinedForecaster(lf, combination)
     raw_rows: list[ForecastBatch] = []
     rows: list[ForecastBatch] = []
     weights: list[np.ndarray] = []
     model.reset(["trace"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one node's tiny step: extra threads only contend (20x slower on 2 busy cores)
-    try:
+    with _one_torch_thread():
         for i in range(len(x)):
             fb = model.step(x[i : i + 1], mask[i : i + 1], now_s=start_s + i + 1.0)
             rows.append(fb)
@@ -246,8 +257,6 @@ def _learned_series(
                 assert model.last_raw is not None
                 raw_rows.append(model.last_raw)
                 weights.append(model.weights[0].copy())
-    finally:
-        torch.set_num_threads(threads)
     burst = np.array([b.burst_prob[0] for b in rows], dtype=np.float64)
     if combination is None:
         return _preds_from(_batch_getter(rows), burst), None, None
@@ -267,15 +276,9 @@ def _learned_series_offline(
 ) -> tuple[_Preds, _Preds | None, np.ndarray | None]:
     """What :func:`_learned_series` returns, from one full-sequence forward (``predict_sequence``; equal to
     stepping, tested): for benchmarks that score many checkpoints on long traces."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_torch_thread():
         times = start_s + 1.0 + np.arange(len(x), dtype=np.float64)
         sf = lf.predict_sequence(x[None], np.asarray(mask)[None], times)
-    finally:
-        torch.set_num_threads(threads)
     raw = _preds_from(lambda t, q: sf.get(t, q)[0], sf.burst_prob[0])
     if combination is None:
         return raw, None, None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving.sim import samples as names
-from serving.sim.samples import Histogram, InstanceSamples
+from serving.sim.samples import Histogram, InstanceSamples, histogram_quantile
 
 SERVING_STATES = ("active", "draining")
 
@@ -63,23 +63,6 @@ class PoolLoad:
             self.itl_p50_s,
             self.itl_p90_s,
         ]
-
-
-def histogram_quantile(q: float, bounds_s: tuple[float, ...], counts: np.ndarray) -> float:
-    """Prometheus' histogram_quantile over one cumulative bucket vector (last bucket = +Inf); NaN if empty."""
-    total = float(counts[-1]) if len(counts) else 0.0
-    if total <= 0:
-        return math.nan
-    rank = q * total
-    idx = int(np.searchsorted(counts, rank, side="left"))
-    if idx >= len(bounds_s):
-        return bounds_s[-1]  # in the +Inf bucket: the highest finite bound, as Prometheus answers
-    lo_bound = 0.0 if idx == 0 else bounds_s[idx - 1]
-    lo_count = 0.0 if idx == 0 else float(counts[idx - 1])
-    in_bucket = float(counts[idx]) - lo_count
-    if in_bucket <= 0:
-        return bounds_s[idx]
-    return lo_bound + (bounds_s[idx] - lo_bound) * (rank - lo_count) / in_bucket
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ instantaneous, counters and histogram buckets cumulative since the instance star
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,3 +138,29 @@ class InstanceSamples:
     gauges: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 [N]
     counters: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 [N], cumulative
     histograms: dict[str, Histogram] = field(default_factory=dict)
+
+
+def histogram_quantile(
+    q: float, bounds_s: Sequence[float], cumulative: Sequence[float] | np.ndarray
+) -> float:
+    """Prometheus' ``histogram_quantile(q, ...)`` on one cumulative bucket vector (the last entry the +Inf bucket).
+
+    The rank ``q · count`` is found in the first bucket whose cumulative count reaches it and interpolated
+    linearly between that bucket's bounds (the first bucket's lower bound is 0); in the +Inf bucket the answer is
+    the highest finite bound. NaN when there are no observations or ``q`` is outside [0, 1] or NaN. One
+    function for every reader: the controller (``controller.sources.aggregate``, the doctor) and both sides of
+    ``sim validate``'s server view.
+    """
+    total = float(cumulative[-1]) if len(cumulative) else 0.0
+    if not (total > 0 and 0.0 <= q <= 1.0) or not bounds_s:
+        return math.nan
+    rank = q * total
+    idx = int(np.searchsorted(np.asarray(cumulative, dtype=np.float64), rank, side="left"))
+    if idx >= len(bounds_s):
+        return float(bounds_s[-1])
+    lo_bound = 0.0 if idx == 0 else float(bounds_s[idx - 1])
+    lo_count = 0.0 if idx == 0 else float(cumulative[idx - 1])
+    in_bucket = float(cumulative[idx]) - lo_count
+    if in_bucket <= 0:
+        return float(bounds_s[idx])
+    return lo_bound + (float(bounds_s[idx]) - lo_bound) * (rank - lo_count) / in_bucket

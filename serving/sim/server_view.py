@@ -6,8 +6,8 @@ over bucket rates), and the simulator exports the same histograms under the same
 client-side comparison, ``sim validate`` compares these: on the real side the server's buckets differenced over
 the slice (one ``/metrics`` scrape before it, one after: ``BucketCounts.delta``), on the sim side the
 simulator's buckets at the end of the replay of the same slice (they start at zero), and on both sides the
-quantiles computed the same way, by ``histogram_quantile`` (Prometheus' interpolation; the controller's
-``controller.sources.aggregate.histogram_quantile`` gives the same numbers, tested) on the same bucket bounds.
+quantiles computed the same way, by ``serving.sim.samples.histogram_quantile`` (Prometheus' interpolation; the
+very function the controller reads a real server's histograms with) on the same bucket bounds.
 The bucket bounds are vLLM's defaults on both sides (``serving.sim.samples``); when they differ, ``compare_server``
 says so per figure instead of comparing.
 
@@ -34,6 +34,7 @@ from serving.sim.samples import (
     INTER_TOKEN_LATENCY_SECONDS,
     TIME_TO_FIRST_TOKEN_SECONDS,
     InstanceSamples,
+    histogram_quantile,
 )
 
 # figure prefix -> histogram, in the order the tables show them
@@ -111,28 +112,6 @@ class BucketCounts:
             tuple(float(c) for c in doc["cumulative"]),
             float(doc["sum_s"]),
         )
-
-
-def histogram_quantile(q: float, bounds_s: Sequence[float], cumulative: Sequence[float]) -> float:
-    """Prometheus' ``histogram_quantile(q, ...)`` on one cumulative bucket vector (the last entry the +Inf bucket).
-
-    The rank ``q · count`` is found in the first bucket whose cumulative count reaches it and interpolated
-    linearly between that bucket's bounds (the first bucket's lower bound is 0); in the +Inf bucket the answer is
-    the highest finite bound. NaN when there are no observations or ``q`` is outside [0, 1] or NaN.
-    """
-    total = float(cumulative[-1]) if len(cumulative) else 0.0
-    if not (total > 0 and 0.0 <= q <= 1.0) or not bounds_s:
-        return math.nan
-    rank = q * total
-    idx = int(np.searchsorted(np.asarray(cumulative, dtype=np.float64), rank, side="left"))
-    if idx >= len(bounds_s):
-        return float(bounds_s[-1])
-    lo_bound = 0.0 if idx == 0 else float(bounds_s[idx - 1])
-    lo_count = 0.0 if idx == 0 else float(cumulative[idx - 1])
-    in_bucket = float(cumulative[idx]) - lo_count
-    if in_bucket <= 0:
-        return float(bounds_s[idx])
-    return lo_bound + (float(bounds_s[idx]) - lo_bound) * (rank - lo_count) / in_bucket
 
 
 def bucket_of(value: float, bounds_s: Sequence[float]) -> tuple[float, float] | None:

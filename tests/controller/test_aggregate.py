@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.sources.aggregate import LoadAggregator, histogram_quantile
+from controller.sources.aggregate import LoadAggregator
 from serving.sim import samples as s
+from serving.sim.samples import histogram_quantile
 
 
 def _scrape(now_s: float, prompt: list[float], arrivals: list[float], states: tuple[str, ...] | None = None,

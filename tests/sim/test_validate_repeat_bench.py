@@ -3,28 +3,13 @@ hand-made rows (no server)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.bench import load_bench
 
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-repeat = _load("bench_validate_repeat")
-deferral = _load("bench_vllm_deferral")
+repeat = load_bench("bench_validate_repeat")
+deferral = load_bench("bench_vllm_deferral")
 
 
 @pytest.mark.parametrize(

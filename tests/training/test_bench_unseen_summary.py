@@ -3,22 +3,9 @@ network, or the network inside the online combination), and both of ours are quo
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+from tests.support.bench import load_bench
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench() -> ModuleType:
-    path = ROOT / "bench" / "bench_unseen.py"
-    spec = importlib.util.spec_from_file_location("bench_unseen_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+bench_unseen = load_bench("bench_unseen")
 
 
 def _doc(**maes: float) -> dict[str, object]:
@@ -30,7 +17,7 @@ def _doc(**maes: float) -> dict[str, object]:
 
 
 def test_the_combined_forecaster_is_not_the_best_baseline() -> None:
-    problem, summary = _bench().eval_summary(_doc(learned=12.0, combined=9.0, ewma=10.0, holt=11.0))
+    problem, summary = bench_unseen.eval_summary(_doc(learned=12.0, combined=9.0, ewma=10.0, holt=11.0))
     assert problem == ""
     assert "best baseline ewma 10.00" in summary
     assert "learned MAE 12.00 (×1.20)" in summary
@@ -38,6 +25,6 @@ def test_the_combined_forecaster_is_not_the_best_baseline() -> None:
 
 
 def test_a_document_without_the_combination_still_reads() -> None:
-    _, summary = _bench().eval_summary(_doc(learned=8.0, last_value=10.0))
+    _, summary = bench_unseen.eval_summary(_doc(learned=8.0, last_value=10.0))
     assert "learned MAE 8.00 (×0.80) vs best baseline last_value 10.00" in summary
     assert "combined" not in summary
