@@ -1,4 +1,7 @@
-"""Streaming inference: one LSTM step plus one attention read per node per tick, batched across nodes.
+"""Streaming inference with torch: one LSTM step plus one attention read per node per tick, batched across nodes.
+
+The controller runs the same step without torch (``forecaster.inference.NumpyLearnedForecaster``); this
+torch version serves training, export, ``train-forecaster evaluate`` and :meth:`LearnedForecaster.predict_sequence`.
 
 State per node: the LSTM's ``(h, c)`` and ring buffers of the attention keys and values of its last
 ``window`` LSTM outputs (keys/values are linear in the outputs, so storing them projected is equivalent to
