@@ -8,15 +8,19 @@ warm-up: start-up objects leave the collector's generations), ``gen0-N`` (``gc.s
 warm-up). Per run: CPU ms per tick (``time.thread_time``) median and p99, the mean of the ticks that open a
 burst-reserve need block (``now_s`` a multiple of 5 s: every pool recomputes its reserve on the same tick)
 and of the others, and the CPU ms spent in the collector during the measured ticks (``gc.callbacks``) with
-the collections per generation.
+the collections per generation. ``--profile`` instead runs one cProfile of 300 ticks after 100 and prints the
+functions whose cumulative time per tick most exceeds, on the 5-s ticks, their time on the others (profiled
+ms: cProfile inflates Python-heavy code several-fold).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -28,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def one_run(mode: str, forecaster: str, ticks: int) -> dict[str, Any]:
+def _pipeline(forecaster: str) -> tuple[Any, Any, dict[str, Any]]:
+    """bench/bench_daemon.py's synthetic source of 8 pools × 125 instances, its ``Pipeline`` and counts."""
     from bench_daemon import SyntheticSource, _setups, make_forecaster
 
     from controller.pipeline import Pipeline, PoolCounts
@@ -39,6 +44,11 @@ def one_run(mode: str, forecaster: str, ticks: int) -> dict[str, Any]:
     one = {"prefill": per_pool // 2, "decode": per_pool // 2}
     zero = {"prefill": 0, "decode": 0}
     counts = {f"p{p}": PoolCounts(one, one, zero, zero) for p in range(n_pools)}
+    return source, pipe, counts
+
+
+def one_run(mode: str, forecaster: str, ticks: int) -> dict[str, Any]:
+    source, pipe, counts = _pipeline(forecaster)
     spent = {"ms": 0.0, "start": 0.0}
     gens = [0, 0, 0]
 
@@ -80,6 +90,32 @@ def one_run(mode: str, forecaster: str, ticks: int) -> dict[str, Any]:
     }
 
 
+def profile(forecaster: str) -> None:
+    source, pipe, counts = _pipeline(forecaster)
+    profs = {"five": cProfile.Profile(), "other": cProfile.Profile()}
+    n = {"five": 0, "other": 0}
+    for k in range(400):
+        now = 1.7e9 + k
+        scrape = source.scrape(now)
+        which = "five" if now % 5 == 0 else "other"
+        if k >= 100:
+            profs[which].enable()
+            n[which] += 1
+        pipe.tick(scrape, counts, now)
+        if k >= 100:
+            profs[which].disable()
+    per_tick: dict[tuple[str, int, str], dict[str, float]] = {}
+    for which, prof in profs.items():
+        for key, row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+            per_tick.setdefault(key, {})[which] = row[3] / n[which] * 1e3
+    rows = sorted(per_tick.items(), key=lambda kv: kv[1].get("other", 0.0) - kv[1].get("five", 0.0))
+    print("| function | 5-s tick, profiled ms | other tick | excess |")
+    print("|---|---|---|---|")
+    for (path, line, fn), d in rows[:15]:
+        five, other = d.get("five", 0.0), d.get("other", 0.0)
+        print(f"| `{Path(path).name}:{line}({fn})` | {five:.2f} | {other:.2f} | {five - other:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--forecaster", choices=("holt", "default"), default="default")
@@ -87,7 +123,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ticks", type=int, default=300)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one run in this mode
+    ap.add_argument("--profile", action="store_true", help="cProfile the 5-s ticks against the others")
     args = ap.parse_args()
+    if args.profile:
+        profile(args.forecaster)
+        return
     if args.one is not None:
         print(json.dumps(one_run(args.one, args.forecaster, args.ticks)))
         return
