@@ -7,6 +7,7 @@ Usage::
     .venv/bin/python bench/bench_streaming.py --no-train           # skip the training-throughput figure
     .venv/bin/python bench/bench_streaming.py --level-halflife-s 60 --no-train   # a level-relative (v3) model
     .venv/bin/python bench/bench_streaming.py --no-train --combination   # also the online combination
+    .venv/bin/python bench/bench_streaming.py --no-train --numpy   # also the torch-free step the controller runs
 
 A tick is ``LearnedForecaster.step``: encode raw channels, one LSTM step + attention over the ring per node,
 decode to totals — batched across all nodes. The naive way re-runs the network's full forward over the last
@@ -18,7 +19,9 @@ level-relative model (feature schema v3, ``level_of="arrivals"``, as ``train-for
 --level-halflife-s H --level-of arrivals`` makes): each tick also updates the per-node levels.
 ``--combination`` also steps a second copy of the network inside the online forecast combination
 (``forecaster.combination.CombinedForecaster``) on the same inputs, right after the raw one: the
-"combined" line is the whole tick (network + combination), beside the raw network's.
+"combined" line is the whole tick (network + combination), beside the raw network's. ``--numpy`` also steps
+the same weights through ``forecaster.inference.NumpyLearnedForecaster`` (float32, what the controller runs,
+no torch) on the same inputs, right after the torch one: the "numpy" line.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from forecaster.features import (
     encode_step_masked,
     level_offsets,
 )
+from forecaster.inference import NumpyLearnedForecaster, NumpyNet
 from forecaster.network import LstmAttentionNet, burst_bce, pinball_loss
 from forecaster.streaming import LearnedForecaster
 from forecaster.types import CHANNELS
@@ -70,6 +74,7 @@ def bench_ticks(
     seed: int = 0,
     schema: FeatureSchema = DEFAULT_SCHEMA,
     combination: bool = False,
+    numpy_engine: bool = False,
 ) -> dict[str, Any]:
     torch.manual_seed(seed)
     net = LstmAttentionNet(schema.n_inputs)
@@ -82,6 +87,16 @@ def bench_ticks(
         cf.reset([f"node-{i}" for i in range(n)])
     comb: list[float] = []
     comb_cpu: list[float] = []
+    weights = {k: v.numpy() for k, v in net.state_dict().items()}
+    nf = (
+        NumpyLearnedForecaster(NumpyNet(weights, net.config), schema, nz, 5.0, "bench")
+        if numpy_engine
+        else None
+    )
+    if nf is not None:
+        nf.reset([f"node-{i}" for i in range(n)])
+    np_wall: list[float] = []
+    np_cpu: list[float] = []
     rng = np.random.default_rng(seed)
     w = net.window
     history = np.zeros((n, w, schema.n_inputs), dtype=np.float32)
@@ -96,6 +111,12 @@ def bench_ticks(
         t0, c0 = time.perf_counter(), time.thread_time()
         f.step(x, mask, T0_S + t)
         dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+        if nf is not None:
+            t1, c1 = time.perf_counter(), time.thread_time()
+            nf.step(x, mask, T0_S + t)
+            if t >= w + 5:
+                np_wall.append(time.perf_counter() - t1)
+                np_cpu.append(time.thread_time() - c1)
         if cf is not None:
             t1, c1 = time.perf_counter(), time.thread_time()
             cf.step(x, mask, T0_S + t)
@@ -125,6 +146,8 @@ def bench_ticks(
     }
     if cf is not None:
         out["combined"] = _stats(comb, comb_cpu)
+    if nf is not None:
+        out["numpy"] = _stats(np_wall, np_cpu)
     return out
 
 
@@ -204,6 +227,11 @@ def main() -> None:
         action="store_true",
         help="also step the same network inside the online forecast combination (forecaster/combination.py)",
     )
+    p.add_argument(
+        "--numpy",
+        action="store_true",
+        help="also step the same weights without torch (forecaster/inference.py, what the controller runs)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument(
         "--level-halflife-s",
@@ -236,6 +264,7 @@ def main() -> None:
             a.naive_every,
             schema=schema,
             combination=a.combination,
+            numpy_engine=a.numpy,
         )
         results["ticks"].append(r)
         s, nv = r["stream"], r["naive_window_rerun"]
@@ -244,6 +273,13 @@ def main() -> None:
             f"cpu {s['cpu_median_ms']:7.2f}) | naive 60-step re-run wall median {nv['median_ms']:8.1f} ms "
             f"(p10 {nv['p10_ms']:8.1f}, cpu {nv['cpu_median_ms']:8.1f}) | ratio {r['ratio_median']:.0f}x"
         )
+        if "numpy" in r:
+            nn = r["numpy"]
+            print(
+                f"{n:>6} nodes: numpy (no torch) wall median {nn['median_ms']:7.2f} ms (p10 {nn['p10_ms']:7.2f}, "
+                f"cpu {nn['cpu_median_ms']:7.2f}) | torch cpu {s['cpu_median_ms']:7.2f} | numpy / torch cpu "
+                f"{nn['cpu_median_ms'] / s['cpu_median_ms']:.2f}"
+            )
         if "combined" in r:
             cb = r["combined"]
             print(

@@ -2,8 +2,10 @@
 learned one optionally inside the online forecast combination (``with_combination``), and optionally the
 training-free onset detector on top (``with_onset_detector``).
 
-torch is imported only here, and only when a checkpoint is actually loaded: the reactive fallback and
-every other policy start without it (the onset detector needs neither torch nor statsmodels).
+The controller never imports torch: the checkpoint is read and checked with numpy
+(``forecaster.checkpoint.read_checkpoint``) and stepped by ``forecaster.inference.NumpyLearnedForecaster``, the
+same network in numpy (torch is for training, export and ``train-forecaster evaluate``). The onset detector
+needs neither torch nor statsmodels.
 """
 
 from __future__ import annotations
@@ -85,14 +87,11 @@ def _load(path: Path | None) -> Forecaster:
     if not ckpt.exists():
         log.warning("forecaster checkpoint %s not found: falling back to the Holt baseline", ckpt)
         return Holt()
+    from forecaster.checkpoint import CheckpointError
+    from forecaster.inference import NumpyLearnedForecaster
+
     try:
-        from forecaster.checkpoint import CheckpointError
-        from forecaster.streaming import LearnedForecaster
-    except ImportError as exc:  # torch missing
-        log.warning("cannot load the learned forecaster (%s): falling back to the Holt baseline", exc)
-        return Holt()
-    try:
-        learned = LearnedForecaster.load(ckpt, num_threads=1)
+        learned = NumpyLearnedForecaster.load(ckpt)
     except (CheckpointError, ValueError) as exc:
         log.warning("forecaster checkpoint %s unusable (%s): falling back to the Holt baseline", ckpt, exc)
         return Holt()

@@ -9,6 +9,10 @@ The header's ``__metadata__`` holds one key, ``pdscale``, whose value is a JSON 
 
 ``safetensors`` never unpickles, so loading an untrusted file cannot run code. Every failure to load is a
 :class:`CheckpointError` whose message starts with the file's path.
+
+Reading and every check (:func:`read_checkpoint`) use numpy only, so the controller, which runs the network
+with ``forecaster.inference``, never imports torch; :func:`load_checkpoint` (training, export, evaluate) builds
+the torch network from what it read, and :func:`save_checkpoint` needs torch too (both import it when called).
 """
 
 from __future__ import annotations
@@ -21,14 +25,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from forecaster.features import FeatureError, FeatureSchema, Normalizer
-from forecaster.network import LstmAttentionNet, NetConfig
+from forecaster.netconfig import NetConfig, parameter_shapes
+
+if TYPE_CHECKING:
+    import torch
+
+    from forecaster.network import LstmAttentionNet
 
 CHECKPOINT_FORMAT = "pdscale-forecaster"
 CHECKPOINT_FORMAT_VERSION = 1
@@ -37,6 +45,22 @@ _META_KEY = "pdscale"
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be used: missing, corrupt, or not matching what the caller expects."""
+
+
+@dataclass(frozen=True, eq=False)
+class CheckpointData:
+    """A checked checkpoint without torch: ``weights`` are float32 numpy arrays named as in the network's
+    ``state_dict``, their shapes those ``net_config`` implies (:func:`forecaster.netconfig.parameter_shapes`)."""
+
+    path: Path
+    weights: dict[str, np.ndarray]
+    schema: FeatureSchema
+    normalizer: Normalizer
+    horizon_s: float
+    net_config: NetConfig
+    model_version: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    code_version: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,6 +126,8 @@ def save_checkpoint(
     defaults to ``lstm-attn-<first 12 hex of the weights' sha256>`` (stable for the same weights);
     ``code`` defaults to :func:`code_version`. Raises :class:`CheckpointError` when the parts disagree.
     """
+    from safetensors.torch import save_file
+
     path = Path(path)
     cfg = net.config
     problems = []
@@ -115,6 +141,8 @@ def save_checkpoint(
         problems.append(f"horizon_s must be positive, got {horizon_s}")
     if problems:
         raise CheckpointError(f"{path}: refusing to save: " + "; ".join(problems))
+    import torch
+
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in net.state_dict().items()}
     version = model_version or f"lstm-attn-{_weights_digest(tensors)[:12]}"
     doc = {
@@ -147,12 +175,12 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def _read(path: Path, *, weights: bool) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def _read(path: Path, *, weights: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, np.ndarray] = {}
     try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+        with safe_open(str(path), framework="numpy") as f:
             header = (f.metadata() or {}).get(_META_KEY)
             if weights:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
@@ -181,8 +209,8 @@ def _read(path: Path, *, weights: bool) -> tuple[dict[str, Any], dict[str, torch
     return doc, tensors
 
 
-def load_checkpoint(path: str | Path, expect_schema: FeatureSchema | None = None) -> LoadedCheckpoint:
-    """Load a checkpoint for inference.
+def read_checkpoint(path: str | Path, expect_schema: FeatureSchema | None = None) -> CheckpointData:
+    """Read and check a checkpoint with numpy only (no torch).
 
     Raises :class:`CheckpointError` naming the file when it is missing, corrupt or truncated, when its
     schema differs from ``expect_schema`` (listing every difference), or when the stored hyper-parameters
@@ -205,8 +233,7 @@ def load_checkpoint(path: str | Path, expect_schema: FeatureSchema | None = None
             )
     if cfg.n_inputs != schema.n_inputs:
         raise CheckpointError(f"{path}: net n_inputs {cfg.n_inputs} != schema's {schema.n_inputs} inputs")
-    net = LstmAttentionNet.from_config(cfg)
-    expected = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    expected = parameter_shapes(cfg)
     got = {k: tuple(v.shape) for k, v in tensors.items()}
     problems = [f"{k}: missing" for k in sorted(set(expected) - set(got))]
     problems += [f"{k}: unexpected tensor" for k in sorted(set(got) - set(expected))]
@@ -219,11 +246,9 @@ def load_checkpoint(path: str | Path, expect_schema: FeatureSchema | None = None
         raise CheckpointError(
             f"{path}: weights do not match the stored hyper-parameters: " + "; ".join(problems)
         )
-    net.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
-    net.eval()
-    return LoadedCheckpoint(
+    return CheckpointData(
         path=path,
-        net=net,
+        weights={k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()},
         schema=schema,
         normalizer=normalizer,
         horizon_s=float(doc["horizon_s"]),
@@ -231,4 +256,28 @@ def load_checkpoint(path: str | Path, expect_schema: FeatureSchema | None = None
         model_version=str(doc["model_version"]),
         meta=dict(doc.get("meta") or {}),
         code_version=dict(doc.get("code_version") or {}),
+    )
+
+
+def load_checkpoint(path: str | Path, expect_schema: FeatureSchema | None = None) -> LoadedCheckpoint:
+    """Load a checkpoint for inference with torch: :func:`read_checkpoint` (every check, the same errors),
+    then the network built from its hyper-parameters and weights (imports torch)."""
+    import torch
+
+    from forecaster.network import LstmAttentionNet
+
+    data = read_checkpoint(path, expect_schema)
+    net = LstmAttentionNet.from_config(data.net_config)
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in data.weights.items()}, strict=True)
+    net.eval()
+    return LoadedCheckpoint(
+        path=data.path,
+        net=net,
+        schema=data.schema,
+        normalizer=data.normalizer,
+        horizon_s=data.horizon_s,
+        net_config=data.net_config,
+        model_version=data.model_version,
+        meta=data.meta,
+        code_version=data.code_version,
     )

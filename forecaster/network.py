@@ -11,9 +11,8 @@ network outputs back to counts / tokens.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -21,6 +20,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from forecaster.features import Normalizer
+from forecaster.inference import decode_totals
+from forecaster.netconfig import NetConfig
+
+__all__ = ["LstmAttentionNet", "NetConfig", "Output", "burst_bce", "decode_quantiles", "pinball_loss"]
 
 
 class Output(NamedTuple):
@@ -32,94 +35,6 @@ class Output(NamedTuple):
 
     quantiles: Tensor
     burst_logit: Tensor
-
-
-@dataclass(frozen=True)
-class NetConfig:
-    """Hyper-parameters of :class:`LstmAttentionNet` (stored in checkpoints)."""
-
-    n_inputs: int
-    hidden: int = 64
-    layers: int = 2
-    heads: int = 4
-    window: int = 60
-    n_targets: int = 3
-    quantiles: tuple[float, ...] = (0.5, 0.9)
-    #: Baseline skip (see :class:`LstmAttentionNet`): half-lives (steps) of the EWMAs of the inputs
-    #: ``baseline_inputs`` (one encoded-input column per target) whose learned affine map is added to every
-    #: quantile, so the network learns a correction to a smoothed level. Empty = off (older checkpoints).
-    baseline_halflives: tuple[float, ...] = ()
-    baseline_inputs: tuple[int, ...] = ()
-    #: For each of ``baseline_inputs``, the encoded column of its mask (1 = observed), or -1: no mask.
-    baseline_masks: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        problems = []
-        for name in ("n_inputs", "hidden", "layers", "heads", "window", "n_targets"):
-            if int(getattr(self, name)) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.baseline_halflives:
-            if any(not (h > 0 and math.isfinite(h)) for h in self.baseline_halflives):
-                problems.append(
-                    f"baseline_halflives must be positive steps, got {list(self.baseline_halflives)}"
-                )
-            if len(self.baseline_inputs) != self.n_targets or len(self.baseline_masks) != self.n_targets:
-                problems.append(
-                    f"baseline_inputs {list(self.baseline_inputs)} and baseline_masks "
-                    f"{list(self.baseline_masks)} need one entry per target ({self.n_targets})"
-                )
-            cols = [*self.baseline_inputs, *(m for m in self.baseline_masks if m != -1)]
-            if any(not 0 <= c < self.n_inputs for c in cols):
-                problems.append(
-                    f"baseline input/mask columns {cols} must lie in [0, n_inputs={self.n_inputs})"
-                )
-        elif self.baseline_inputs or self.baseline_masks:
-            problems.append("baseline_inputs / baseline_masks given without baseline_halflives")
-        if self.hidden % max(self.heads, 1):
-            problems.append(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
-        q = list(self.quantiles)
-        if not q or any(not 0 < v < 1 for v in q) or q != sorted(set(q)):
-            problems.append(f"quantiles must be strictly increasing values in (0, 1), got {q}")
-        if problems:
-            raise ValueError("NetConfig: " + "; ".join(problems))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "n_inputs": self.n_inputs,
-            "hidden": self.hidden,
-            "layers": self.layers,
-            "heads": self.heads,
-            "window": self.window,
-            "n_targets": self.n_targets,
-            "quantiles": list(self.quantiles),
-            **(
-                {
-                    "baseline_halflives": list(self.baseline_halflives),
-                    "baseline_inputs": list(self.baseline_inputs),
-                    "baseline_masks": list(self.baseline_masks),
-                }
-                if self.baseline_halflives
-                else {}
-            ),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> NetConfig:
-        ints = {"n_inputs", "hidden", "layers", "heads", "window", "n_targets"}
-        known = ints | {"quantiles", "baseline_halflives", "baseline_inputs", "baseline_masks"}
-        unknown = sorted(set(d) - known)
-        if unknown or "n_inputs" not in d:
-            raise ValueError(
-                f"NetConfig dict: unknown field(s) {unknown}, or missing 'n_inputs' (got {sorted(d)})"
-            )
-        kw: dict[str, Any] = {k: int(v) for k, v in d.items() if k in ints}
-        for k in ("quantiles", "baseline_halflives"):
-            if k in d:
-                kw[k] = tuple(float(v) for v in d[k])
-        for k in ("baseline_inputs", "baseline_masks"):
-            if k in d:
-                kw[k] = tuple(int(v) for v in d[k])
-        return cls(**kw)
 
 
 class LstmAttentionNet(nn.Module):
@@ -362,6 +277,4 @@ def decode_quantiles(
 
     ``offsets [..., K]``: the level-relative target offsets (``forecaster.features.level_offsets``), if any."""
     q = quantiles.detach().cpu().numpy() if isinstance(quantiles, Tensor) else np.asarray(quantiles)
-    moved = np.moveaxis(q, -1, -2)  # [..., Q, K] so the normaliser's per-target stats broadcast
-    off = None if offsets is None else np.asarray(offsets)[..., None, :]
-    return np.moveaxis(normalizer.denormalize_targets(moved, off), -2, -1)
+    return decode_totals(q, normalizer, offsets)

@@ -1,4 +1,7 @@
-"""Streaming inference: one LSTM step plus one attention read per node per tick, batched across nodes.
+"""Streaming inference with torch: one LSTM step plus one attention read per node per tick, batched across nodes.
+
+The controller runs the same step without torch (``forecaster.inference.NumpyLearnedForecaster``); this
+torch version serves training, export, ``train-forecaster evaluate`` and :meth:`LearnedForecaster.predict_sequence`.
 
 State per node: the LSTM's ``(h, c)`` and ring buffers of the attention keys and values of its last
 ``window`` LSTM outputs (keys/values are linear in the outputs, so storing them projected is equivalent to
@@ -29,18 +32,15 @@ from torch import Tensor
 
 from forecaster.checkpoint import LoadedCheckpoint, load_checkpoint
 from forecaster.features import (
-    DescriptorState,
     FeatureSchema,
-    LevelState,
     Normalizer,
     descriptor_series,
     encode_inputs_masked,
-    encode_step_masked,
     level_offsets,
     level_series,
 )
+from forecaster.inference import StreamingBase
 from forecaster.network import LstmAttentionNet, Output, decode_quantiles
-from forecaster.types import ForecastBatch
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,14 +68,14 @@ class SequenceForecast:
         return self.totals[:, :, self.targets.index(target), self.quantiles.index(quantile)]
 
 
-class LearnedForecaster:
-    """The LSTM+attention model behind the :class:`forecaster.types.Forecaster` protocol.
+class LearnedForecaster(StreamingBase):
+    """The LSTM+attention model behind the :class:`forecaster.types.Forecaster` protocol, with torch.
 
+    For training, export, evaluation and :meth:`predict_sequence`; the controller steps the same checkpoint
+    without torch (``forecaster.inference.NumpyLearnedForecaster``; both share ``StreamingBase``).
     ``num_threads``, when given, is passed to ``torch.set_num_threads`` (process-wide); otherwise the
     process's setting is used as it is.
     """
-
-    name = "lstm-attn"
 
     def __init__(
         self,
@@ -87,24 +87,13 @@ class LearnedForecaster:
         *,
         num_threads: int | None = None,
     ) -> None:
-        qs = net.config.quantiles
-        missing = [q for q in (0.5, 0.9) if q not in qs]
-        if missing:
-            raise ValueError(
-                f"LearnedForecaster needs the network to predict quantiles 0.5 and 0.9, has {qs}"
-            )
-        if net.config.n_inputs != schema.n_inputs:
-            raise ValueError(f"network n_inputs {net.config.n_inputs} != schema inputs {schema.n_inputs}")
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.net = net.eval()
-        self.schema, self.normalizer = schema, normalizer
-        self.horizon_s, self.model_version = float(horizon_s), model_version
-        self._q50, self._q90 = qs.index(0.5), qs.index(0.9)
         with torch.no_grad():  # one matrix product for q, k and v (the weights are frozen for inference)
             self._w_qkv = torch.cat([net.q_proj.weight, net.k_proj.weight, net.v_proj.weight]).clone()
             self._b_qkv = torch.cat([net.q_proj.bias, net.k_proj.bias, net.v_proj.bias]).clone()
-        self.reset(())
+        super().__init__(net.config, schema, normalizer, horizon_s, model_version)
 
     @classmethod
     def from_checkpoint(cls, ckpt: LoadedCheckpoint, *, num_threads: int | None = None) -> LearnedForecaster:
@@ -124,97 +113,30 @@ class LearnedForecaster:
         """Load a checkpoint (see :func:`forecaster.checkpoint.load_checkpoint`) and wrap it."""
         return cls.from_checkpoint(load_checkpoint(path, expect_schema), num_threads=num_threads)
 
-    @property
-    def node_ids(self) -> tuple[str, ...]:
-        return self._node_ids
-
-    def reset(self, node_ids: Sequence[str]) -> None:
-        """Forget all state and start tracking these nodes (in this order)."""
-        ids = tuple(node_ids)
-        if len(set(ids)) != len(ids):
-            raise ValueError("reset: node_ids contain duplicates")
-        self._node_ids = ids
-        n, cfg = len(self._node_ids), self.net.config
+    def _reset_net(self, n: int) -> None:
+        cfg = self.net.config
         nh, dh = self.net.heads, self.net.head_dim
         self._h = torch.zeros(cfg.layers, n, cfg.hidden)
         self._c = torch.zeros(cfg.layers, n, cfg.hidden)
         self._k = torch.zeros(n, nh, dh, cfg.window)  # ring of keys, per head, stored transposed for q @ K
         self._v = torch.zeros(n, nh, cfg.window, dh)
         self._count = torch.zeros(n, dtype=torch.long)  # steps consumed since the node was added
-        self._tick = 0  # ring slot written next is _tick % window, the same for every node
-        self._since_obs = np.full(n, cfg.window, dtype=np.int64)  # steps since any channel was observed
         # the baseline skip's EWMA sums (LstmAttentionNet.baseline_scan), [N, 2K, J]; empty when off
         self._base = torch.zeros(n, 2 * cfg.n_targets if self.net.n_baselines else 0, self.net.n_baselines)
-        self._desc = DescriptorState(n, self.schema)  # per-pool descriptors (schema v2); unused when none
-        # trailing levels of the rate channels (schema v3, level-relative encoding); None when off
-        self._level = LevelState(n, self.schema) if self.schema.level_relative else None
 
-    def ensure_nodes(self, node_ids: Sequence[str]) -> None:
-        """Track exactly these nodes, in this order: known ones keep their state, new ones start fresh."""
-        new_ids = tuple(node_ids)
-        if new_ids == self._node_ids:
-            return
-        if len(set(new_ids)) != len(new_ids):
-            raise ValueError("ensure_nodes: node_ids contain duplicates")
-        old = {nid: i for i, nid in enumerate(self._node_ids)}
-        h, c, k, v, count, since = self._h, self._c, self._k, self._v, self._count, self._since_obs
-        base, desc, level = self._base, self._desc, self._level
-        tick = self._tick
-        self.reset(new_ids)
-        self._tick = tick  # kept nodes' ring slots stay where they are
-        src = [old.get(nid, -1) for nid in new_ids]
-        dst_idx = torch.tensor([i for i, s in enumerate(src) if s >= 0], dtype=torch.long)
-        src_idx = torch.tensor([s for s in src if s >= 0], dtype=torch.long)
-        if len(src_idx):
-            self._h[:, dst_idx], self._c[:, dst_idx] = h[:, src_idx], c[:, src_idx]
-            self._k[dst_idx], self._v[dst_idx] = k[src_idx], v[src_idx]
-            self._count[dst_idx] = count[src_idx]
-            self._base[dst_idx] = base[src_idx]
-            self._desc.sums[dst_idx.numpy()] = desc.sums[src_idx.numpy()]
-            if self._level is not None and level is not None:
-                self._level.sums[dst_idx.numpy()] = level.sums[src_idx.numpy()]
-            self._since_obs[dst_idx.numpy()] = since[src_idx.numpy()]
+    def _net_state(self) -> tuple[Tensor, ...]:
+        return self._h, self._c, self._k, self._v, self._count, self._base
 
-    def step(self, x: np.ndarray, mask: np.ndarray, now_s: float = math.nan) -> ForecastBatch:
-        """Consume one step for every tracked node and forecast totals over ``(now_s, now_s + horizon_s]``.
+    def _keep_net(self, old: tuple[Tensor, ...], dst: np.ndarray, src: np.ndarray) -> None:
+        h, c, k, v, count, base = old
+        d, s = torch.from_numpy(dst), torch.from_numpy(src)
+        self._h[:, d], self._c[:, d] = h[:, s], c[:, s]
+        self._k[d], self._v[d] = k[s], v[s]
+        self._count[d], self._base[d] = count[s], base[s]
 
-        ``x``: ``[N, C]`` raw channels (NaN = unknown), ``mask``: ``[N, C]`` bool, rows in ``node_ids`` order;
-        ``now_s``: seconds since the Unix epoch (needed by the time-of-day features).
-        """
-        n = len(self._node_ids)
-        if np.shape(x) != (n, len(self.schema.channels)) or np.shape(mask) != np.shape(x):
-            raise ValueError(
-                f"step: x {np.shape(x)} and mask {np.shape(mask)} must be [{n} tracked nodes, "
-                f"{len(self.schema.channels)} channels]; call ensure_nodes() when the node set changes"
-            )
-        desc = self._desc.update(x, mask) if self.schema.descriptors else None
-        levels = self._level.update(x, mask) if self._level is not None else None
-        x_off, y_off = (
-            level_offsets(levels, self.schema, self.horizon_s) if levels is not None else (None, None)
-        )
-        # one normalisation per tick: the encoding also returns what it counted as observed
-        z, ok = encode_step_masked(
-            x, mask, self.normalizer, now_s, self.schema, desc, levels, x_offsets=x_off
-        )
-        self._since_obs = np.where(ok.any(axis=1), 0, self._since_obs + 1)
+    def _step_net(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         out = self.step_encoded(torch.from_numpy(z))
-        totals = self._decode(out, y_off)
-        stale = self._since_obs >= self.net.config.window
-        totals[stale] = np.nan
-        burst = torch.sigmoid(out.burst_logit).numpy().astype(np.float64)
-        burst[stale] = np.nan
-        return ForecastBatch(
-            node_ids=self._node_ids,
-            horizon_s=self.horizon_s,
-            arrivals_p50=totals[:, 0, self._q50],
-            arrivals_p90=totals[:, 0, self._q90],
-            prompt_tokens_p50=totals[:, 1, self._q50],
-            prompt_tokens_p90=totals[:, 1, self._q90],
-            gen_tokens_p50=totals[:, 2, self._q50],
-            gen_tokens_p90=totals[:, 2, self._q90],
-            burst_prob=burst,
-            model_version=self.model_version,
-        )
+        return out.quantiles.numpy(), torch.sigmoid(out.burst_logit).numpy().astype(np.float64)
 
     def predict_sequence(
         self,
@@ -274,9 +196,6 @@ class LearnedForecaster:
             burst_prob=burst,
             model_version=self.model_version,
         )
-
-    def _decode(self, out: Output, offsets: np.ndarray | None = None) -> np.ndarray:
-        return decode_quantiles(out.quantiles, self.normalizer, offsets)  # [N, K, Q] normalised → totals
 
     @torch.inference_mode()
     def step_encoded(self, z: Tensor) -> Output:

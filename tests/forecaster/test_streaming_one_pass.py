@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import forecaster.streaming as streaming
+import forecaster.inference as inference
 from forecaster.features import (
     DEFAULT_SCHEMA,
     LEVEL_SCHEMA,
@@ -65,7 +65,7 @@ def test_step_normalises_once_per_tick_and_matches_the_forward(
         return level_offsets(levels, sch, horizon_s)
 
     monkeypatch.setattr(Normalizer, "normalize_inputs", norm)
-    monkeypatch.setattr(streaming, "level_offsets", off)
+    monkeypatch.setattr(inference, "level_offsets", off)  # step encodes in StreamingBase
     lf.reset(["a", "b", "c"])
     got = np.stack([lf.step(x[:, i], mask[:, i], float(times[i])).arrivals_p90 for i in range(20)], axis=1)
     assert calls["norm"] == 20
