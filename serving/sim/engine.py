@@ -371,39 +371,44 @@ class Simulator:
         """Process every event and arrival at or before ``t_s``; then ``now_s == t_s``."""
         if t_s < self.now_s:
             raise ValueError(f"run_until({t_s}) is in the past (now_s={self.now_s})")
+        # the hottest loop of the simulator: everything it reads per event is bound to a local
         events = self._events
         times = self._arrival_times
+        order = self._arrival_order
         n_arr = len(times)
+        pools, pool_of, instances = self.pools, self.req.pool_of, self.instances
+        predictor, tail = self.output_predictor, self.tail
+        heappop, inf = heapq.heappop, math.inf
+        nxt = self._next_arrival
+        t_arr = times[nxt] if nxt < n_arr else inf
         while True:
-            t_ev = events[0][0] if events else math.inf
-            t_arr = times[self._next_arrival] if self._next_arrival < n_arr else math.inf
+            t_ev = events[0][0] if events else inf
             if t_arr < t_ev:
                 if t_arr > t_s:
                     break
                 self.now_s = t_arr
-                rid = self._arrival_order[self._next_arrival]
-                self._next_arrival += 1
-                pool = self.pools[self.req.pool_of[rid]]
-                if self.output_predictor is not None:
-                    self.req.predicted[rid] = self.output_predictor.predict(
-                        self.req.prompt[rid], model=pool.spec.name
-                    )
-                if self.tail is not None:
-                    wait_s = self.tail.fraction * pool.spec.slo_ttft_ms / 1000.0
+                rid = order[nxt]
+                nxt += 1
+                self._next_arrival = nxt
+                pool = pools[pool_of[rid]]
+                if predictor is not None:
+                    self.req.predicted[rid] = predictor.predict(self.req.prompt[rid], model=pool.spec.name)
+                if tail is not None:
+                    wait_s = tail.fraction * pool.spec.slo_ttft_ms / 1000.0
                     self._push(t_arr + wait_s, _EV_TAIL, rid, 0)
                 self._route(pool, pool.entry_role, rid, admit=True)
+                t_arr = times[nxt] if nxt < n_arr else inf
                 continue
             if t_ev > t_s:
                 break
-            t, _, kind, a, b = heapq.heappop(events)
+            t, _, kind, a, b = heappop(events)
             self.now_s = t
             if kind == _EV_SEGMENT:
-                inst = self.instances[a]
+                inst = instances[a]
                 if inst.version == b and inst.busy and inst.seg_end_s == t:
                     self._on_segment_end(inst)
             elif kind == _EV_TRANSFER:
-                pool = self.pools[self.req.pool_of[a]]
-                self._route(pool, "decode", a)
+                self._route(pools[pool_of[a]], "decode", a)
             elif kind == _EV_TAIL:
                 self._on_tail(a)
             elif kind == _EV_TAIL_EXPIRE:
@@ -453,13 +458,13 @@ class Simulator:
             self._park_unadmitted(pool, rid, admit)
             pool.pending[role].append(rid)
             return
-        request = RouteRequest(
-            prompt_tokens=self.req.prompt[rid],
-            predicted_output_tokens=self.req.predicted[rid],
-            priority=self.req.priority[rid],
-            stage=role,
-        )
-        inst = ready[pool.router.choose(request, ready)] if len(ready) > 1 else ready[0]
+        if len(ready) > 1:
+            req = self.req
+            # positional: a frozen dataclass's keyword construction costs twice as much, once per routing
+            request = RouteRequest(req.prompt[rid], req.predicted[rid], req.priority[rid], role)
+            inst = ready[pool.router.choose(request, ready)]
+        else:
+            inst = ready[0]
         routed = self._count_routed(pool, inst, role, rid)
         if admit and self._start_admission(pool, inst, rid, routed=routed):
             return

@@ -428,11 +428,18 @@ class Instance:
     def _new_blocks(self, first_step: int, steps: int) -> int:
         """KV blocks the decoding batch allocates over ``steps`` steps from ``first_step``."""
         bs = self.block_size
-        full = steps // bs
+        full, rem = divmod(steps, bs)
         total = len(self.decoding) * full
-        phase = self._phase
-        for k in range(first_step + full * bs, first_step + steps):
-            total += phase[(-k) % bs]
+        if rem > 0:
+            # steps k = first_step + full·bs + j (j < rem) take phase[(-k) % bs]: the indices run down from
+            # hi = (-first_step) % bs, one per step, wrapping below 0 to bs - 1 (at most two slices)
+            phase = self._phase
+            hi = (-first_step) % bs
+            lo = hi - rem + 1
+            if lo >= 0:
+                total += sum(phase[lo : hi + 1])
+            else:
+                total += sum(phase[: hi + 1]) + sum(phase[lo + bs :])
         return total
 
     def _steps_that_fit(self, steps: int, free_blocks: int) -> int:
@@ -589,38 +596,47 @@ class Instance:
 
     def schedule(self, now_s: float, req: RequestTable) -> float | None:
         """Plan the next segment from ``now_s``; its end time, or None when there is nothing to run."""
+        # Runs once per segment: the request table's columns and the queues are bound to locals, and block
+        # counts are ceil(tokens / block_size) written inline (as _blocks).
         bs = self.block_size
+        total_blocks = self.total_blocks
+        phase = self._phase
+        decoding, prefilling, waiting = self.decoding, self.prefilling, self.waiting
+        r_ctx, r_left = req.ctx, req.prefill_left
+        heappop = heapq.heappop
         while True:
-            need = self._step_need()
-            while self.decoding and self.used_blocks + need > self.total_blocks:
+            need = phase[(-self.step) % bs] if decoding else 0
+            while decoding and self.used_blocks + need > total_blocks:
                 self._preempt_one(req)
-                need = self._step_need()
-            free = self.total_blocks - self.used_blocks - need
-            budget = self.max_batched - len(self.decoding)
+                need = phase[(-self.step) % bs] if decoding else 0
+            free = total_blocks - self.used_blocks - need
+            budget = self.max_batched - len(decoding)
             chunks: list[tuple[int, int]] = []
-            for rid in self.prefilling:
+            for rid in prefilling:
                 if budget <= 0:
                     break
-                ctx = req.ctx[rid]
-                chunk = min(req.prefill_left[rid], budget)
-                nb = self._blocks(ctx + chunk) - self._blocks(ctx)
+                ctx = r_ctx[rid]
+                chunk = r_left[rid]
+                if budget < chunk:
+                    chunk = budget
+                nb = -(-(ctx + chunk) // bs) - -(-ctx // bs)
                 if nb > free:
                     break
                 free -= nb
                 budget -= chunk
                 chunks.append((rid, chunk))
-            n_running = len(self.decoding) + len(self.prefilling)
-            waiting = self.waiting
-            while waiting and budget > 0 and n_running < self.max_seqs:
+            n_running = len(decoding) + len(prefilling)
+            max_seqs = self.max_seqs
+            while waiting and budget > 0 and n_running < max_seqs:
                 rid = waiting[0][1]
-                ctx = req.ctx[rid]
-                left = req.prefill_left[rid]
+                ctx = r_ctx[rid]
+                left = r_left[rid]
                 if left == 0:  # KV arrived from a prefill instance: joins the decode batch
-                    base = self._blocks(ctx)
+                    base = -(-ctx // bs)
                     step_block = 1 if ctx % bs == 0 else 0
                     if base + step_block > free:
                         break
-                    heapq.heappop(waiting)
+                    heappop(waiting)
                     free -= base + step_block
                     need += step_block
                     self.used_blocks += base
@@ -631,23 +647,23 @@ class Instance:
                     if math.isnan(req.t_first_s[rid]):
                         self._fresh.append(rid)
                 else:
-                    chunk = min(left, budget)
-                    nb = self._blocks(ctx + chunk) - self._blocks(ctx)
+                    chunk = left if left < budget else budget
+                    nb = -(-(ctx + chunk) // bs) - -(-ctx // bs)
                     if nb > free:
                         break
-                    heapq.heappop(waiting)
+                    heappop(waiting)
                     free -= nb
                     budget -= chunk
-                    self.prefilling.append(rid)
+                    prefilling.append(rid)
                     chunks.append((rid, chunk))
                 n_running += 1
             if chunks:
                 return self._start_iteration(now_s, req, chunks, need)
-            if self.decoding:
+            if decoding:
                 return self._start_decode_run(now_s, req)
-            if not self.prefilling:
+            if not prefilling:
                 self.busy = False
-                if not self.waiting and math.isnan(self._idle_since_s):
+                if not waiting and math.isnan(self._idle_since_s):
                     self._idle_since_s = now_s
                 return None
             # Partial prefills hold every free block and nothing decodes: free room by preemption.
@@ -663,16 +679,22 @@ class Instance:
     def _start_iteration(
         self, now_s: float, req: RequestTable, chunks: list[tuple[int, int]], need: int
     ) -> float:
-        now_s = self._wake_up(now_s)
+        if self._wake_s > 0.0:
+            now_s = self._wake_up(now_s)
+        else:
+            self._idle_since_s = math.nan
         n_dec = len(self.decoding)
         prefill_tokens = 0
         prefill_ctx = 0
+        bs = self.block_size
+        r_ctx = req.ctx
+        blocks = 0
         for rid, chunk in chunks:
-            ctx = req.ctx[rid]
+            ctx = r_ctx[rid]
             prefill_tokens += chunk
             prefill_ctx += ctx
-            self.used_blocks += self._blocks(ctx + chunk) - self._blocks(ctx)
-        self.used_blocks += need
+            blocks += -(-(ctx + chunk) // bs) - -(-ctx // bs)  # _blocks(ctx + chunk) - _blocks(ctx)
+        self.used_blocks += blocks + need
         decode_ctx = self._ctx_offset_sum + n_dec * self.step
         dt_ms = float(
             self.latency.iteration_ms(
@@ -691,17 +713,28 @@ class Instance:
         return self.seg_end_s
 
     def _start_decode_run(self, now_s: float, req: RequestTable) -> float:
-        now_s = self._wake_up(now_s)
+        if self._wake_s > 0.0:
+            now_s = self._wake_up(now_s)
+        else:
+            self._idle_since_s = math.nan
         n = len(self.decoding)
-        steps = min(self._first_finish_step(req) - self.step, DECODE_RUN_MAX_STEPS)
-        steps = max(self._steps_that_fit(steps, self.total_blocks - self.used_blocks), 1)
-        ctx0 = self._ctx_offset_sum + n * self.step
-        first = float(self.latency.iteration_ms(0, 0, n, ctx0))
+        step = self.step
+        steps = self._first_finish_step(req) - step
+        if steps > DECODE_RUN_MAX_STEPS:
+            steps = DECODE_RUN_MAX_STEPS
+        free = self.total_blocks - self.used_blocks
+        if n * (steps // self.block_size + 1) > free:  # else every step's new blocks surely fit
+            steps = self._steps_that_fit(steps, free)
+        if steps < 1:
+            steps = 1
+        ctx0 = self._ctx_offset_sum + n * step
+        latency = self.latency
+        first = float(latency.iteration_ms(0, 0, n, ctx0))
         per_ctx = self._ms_per_ctx.get(n)
         if per_ctx is None:
-            far = float(self.latency.iteration_ms(0, 0, n, ctx0 + n * 1024))
+            far = float(latency.iteration_ms(0, 0, n, ctx0 + n * 1024))
             per_ctx = self._ms_per_ctx[n] = max((far - first) / (n * 1024), 0.0)
-        factor = self._factor(n, ctx0)
+        factor = 1.0 if self.sibling is None else self._factor(n, ctx0)
         first *= factor
         slope = per_ctx * n * factor
         self._run = True
@@ -711,9 +744,13 @@ class Instance:
         self._run_slope_ms = slope
         self.busy = True
         self.seg_start_s = now_s
-        self.seg_end_s = now_s + self._run_ms(steps) / 1000.0
+        if self._stall_ms:
+            self.seg_end_s = now_s + self._run_ms(steps) / 1000.0
+            self._fresh_t_s = now_s + self._run_ms(1) / 1000.0
+        else:  # _run_ms(steps) without stalls, inline
+            self.seg_end_s = now_s + (first * steps + slope * steps * (steps - 1) / 2.0) / 1000.0
+            self._fresh_t_s = now_s + first / 1000.0
         self._seg_fresh = len(self._fresh)
-        self._fresh_t_s = now_s + (self._run_ms(1) if self._stall_ms else first) / 1000.0
         return self.seg_end_s
 
     # -- finishing a segment -------------------------------------------------------------------------
