@@ -1110,33 +1110,57 @@ class Simulator:
         live = [i for i in self.instances if i.state != "gone"]
         for i in live:
             i.settle(now, self.req)
-
-        def col(f: Callable[[Instance], float]) -> np.ndarray:
-            return np.array([f(i) for i in live], dtype=np.float64)
+        # Called every tick with a policy in the loop: one pass over the instances reads every gauge and
+        # counter (a row each), then each metric becomes one float64 column.
+        names = [
+            NUM_REQUESTS_RUNNING,
+            NUM_REQUESTS_WAITING,
+            KV_CACHE_USAGE_PERC,
+            PROMPT_TOKENS_TOTAL,
+            GENERATION_TOKENS_TOTAL,
+            NUM_PREEMPTIONS_TOTAL,
+            REQUEST_SUCCESS_TOTAL,
+            ROUTER_REQUESTS_TOTAL,
+            ROUTER_PROMPT_TOKENS_TOTAL,
+        ]
+        predicted, tail = self.output_predictor is not None, self.tail is not None
+        if predicted:
+            names.append(PREDICTED_OUTPUT_TOKENS_TOTAL)
+        if tail:
+            names += [TAIL_PROMOTIONS_TOTAL, STANDBY_PROMOTIONS_TOTAL]
+        rows: list[list[float]] = []
+        for i in live:
+            row = [
+                i.running,
+                len(i.waiting),
+                i.kv_usage(now),
+                i.prompt_tokens_total,
+                i.generation_tokens(now),
+                i.preemptions_total,
+                i.success_total,
+                i.router_requests_total,
+                i.router_prompt_tokens_total,
+            ]
+            if predicted:
+                row.append(i.predicted_output_tokens_total)
+            if tail:
+                row += [i.tail_promotions_total, i.standby_promotions_total]
+            rows.append(row)
+        table = np.array(rows, dtype=np.float64).reshape(len(live), len(names))
+        values = {name: table[:, j].copy() for j, name in enumerate(names)}  # each its own array, as before
+        gauges = {name: values.pop(name) for name in names[:3]}
 
         def hist(name: str) -> Histogram:
             hs = [getattr(i, name) for i in live]
             bounds = hs[0].bounds if hs else ()
             counts = (
-                np.cumsum(np.stack([h.counts for h in hs]), axis=1)
+                np.cumsum(np.array([h.counts for h in hs], dtype=np.int64), axis=1)
                 if hs
                 else np.zeros((0, len(bounds) + 1), dtype=np.int64)
             )
-            return Histogram(bounds_s=bounds, counts=counts, sums=col(lambda i: getattr(i, name).sum))
+            sums = np.array([h.sum for h in hs], dtype=np.float64)
+            return Histogram(bounds_s=bounds, counts=counts, sums=sums)
 
-        counters = {
-            PROMPT_TOKENS_TOTAL: col(lambda i: i.prompt_tokens_total),
-            GENERATION_TOKENS_TOTAL: col(lambda i: i.generation_tokens(now)),
-            NUM_PREEMPTIONS_TOTAL: col(lambda i: i.preemptions_total),
-            REQUEST_SUCCESS_TOTAL: col(lambda i: i.success_total),
-            ROUTER_REQUESTS_TOTAL: col(lambda i: i.router_requests_total),
-            ROUTER_PROMPT_TOKENS_TOTAL: col(lambda i: i.router_prompt_tokens_total),
-        }
-        if self.output_predictor is not None:
-            counters[PREDICTED_OUTPUT_TOKENS_TOTAL] = col(lambda i: i.predicted_output_tokens_total)
-        if self.tail is not None:
-            counters[TAIL_PROMOTIONS_TOTAL] = col(lambda i: i.tail_promotions_total)
-            counters[STANDBY_PROMOTIONS_TOTAL] = col(lambda i: i.standby_promotions_total)
         return InstanceSamples(
             now_s=now,
             instance_ids=tuple(i.instance_id for i in live),
@@ -1144,12 +1168,8 @@ class Simulator:
             roles=tuple(i.role for i in live),
             nodes=tuple(i.node for i in live),
             states=tuple(i.state for i in live),
-            gauges={
-                NUM_REQUESTS_RUNNING: col(lambda i: i.running),
-                NUM_REQUESTS_WAITING: col(lambda i: len(i.waiting)),
-                KV_CACHE_USAGE_PERC: col(lambda i: i.kv_usage(now)),
-            },
-            counters=counters,
+            gauges=gauges,
+            counters=values,
             histograms={
                 TIME_TO_FIRST_TOKEN_SECONDS: hist("ttft"),
                 INTER_TOKEN_LATENCY_SECONDS: hist("itl"),

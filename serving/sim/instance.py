@@ -401,9 +401,9 @@ class Instance:
         k = self._run_steps
         if x <= 0.0:
             return 0
-        if x >= self._run_ms(k):
-            return k
         if self._stall_ms:  # _run_ms(0) = 0 <= x < _run_ms(k): bisect (a stall breaks the closed form)
+            if x >= self._run_ms(k):
+                return k
             lo, hi = 0, k
             while hi - lo > 1:
                 mid = (lo + hi) // 2
@@ -412,16 +412,19 @@ class Instance:
                 else:
                     hi = mid
             return lo
+        # no stalls: _run_ms(j) = a·j + s·j·(j - 1)/2, written inline (the same floats)
         a, s = self._run_first_ms, self._run_slope_ms
+        if x >= a * k + s * k * (k - 1) / 2.0:
+            return k
         if s <= 1e-12:
             j = int(x // a) if a > 0 else k
         else:
             b = a - s / 2.0
             j = int((-b + math.sqrt(b * b + 2.0 * s * x)) / s)
         j = min(max(j, 0), k)
-        while j > 0 and self._run_ms(j) > x:
+        while j > 0 and a * j + s * j * (j - 1) / 2.0 > x:
             j -= 1
-        while j < k and self._run_ms(j + 1) <= x:
+        while j < k and a * (j + 1) + s * (j + 1) * j / 2.0 <= x:
             j += 1
         return j
 
@@ -521,8 +524,8 @@ class Instance:
         afresh; True when the run's end time moved."""
         if not (self.busy and self._run):
             return False
-        keep = min(self._steps_done(now_s) + 1, self._run_steps)
-        if keep == self._run_steps:
+        keep = self._steps_done(now_s) + 1
+        if keep >= self._run_steps:
             return False
         self._run_steps = keep
         self.seg_end_s = self.seg_start_s + self._run_ms(keep) / 1000.0
@@ -760,32 +763,36 @@ class Instance:
         out = SegmentResult()
         if self._run:
             self._commit_steps(self._run_steps)
-            self._flush_first_tokens(req)
+            if self._fresh:
+                self._flush_first_tokens(req)
             self._complete_decoded(now_s, req, out)
             return out
         if self._it_decode:
             self.step += 1
             self.generation_tokens_total += self._it_decode
             self.itl.observe(self._it_ms / 1000.0, self._it_decode - self._seg_fresh)
-            self._flush_first_tokens(req)
+            if self._fresh:
+                self._flush_first_tokens(req)
             self._complete_decoded(now_s, req, out)
         self._finish_chunks(now_s, req, out)
         return out
 
     def _commit_steps(self, k: int) -> None:
         """Account the first ``k`` steps of the current decode run."""
-        self.used_blocks += self._new_blocks(self.step, k)
         s0 = self.step
-        self.step += k
-        self.generation_tokens_total += self._run_batch * k
+        self.used_blocks += self._new_blocks(s0, k)
+        self.step = s0 + k
+        batch = self._run_batch
+        self.generation_tokens_total += batch * k
         first_s, slope_s = self._run_first_ms / 1000.0, self._run_slope_ms / 1000.0
         # a request's first token is no inter-token gap: step 0 is not an ITL sample for the fresh ones
         fresh = self._seg_fresh if k > 0 else 0
+        itl = self.itl
         if fresh:
-            self.itl.observe_linear(first_s, slope_s, 1, self._run_batch - fresh)
-            self.itl.observe_linear(first_s + slope_s, slope_s, k - 1, self._run_batch)
+            itl.observe_linear(first_s, slope_s, 1, batch - fresh)
+            itl.observe_linear(first_s + slope_s, slope_s, k - 1, batch)
         else:
-            self.itl.observe_linear(first_s, slope_s, k, self._run_batch)
+            itl.observe_linear(first_s, slope_s, k, batch)
         if self._stall_ms and k > 0:  # the stalled steps' samples move up by the stall
             stall_s = self._stall_ms / 1000.0
             for j in self._stalled_in_run(s0, k):
@@ -818,12 +825,13 @@ class Instance:
 
     def _complete_decoded(self, now_s: float, req: RequestTable, out: SegmentResult) -> None:
         heap = self._finish
-        while heap and heap[0][0] <= self.step:
+        step, decoding, join_seq, bs = self.step, self.decoding, req.join_seq, self.block_size
+        while heap and heap[0][0] <= step:
             _, rid, seq = heapq.heappop(heap)
-            if rid not in self.decoding or req.join_seq[rid] != seq:
+            if rid not in decoding or join_seq[rid] != seq:
                 continue
             self._leave_decode(rid, req)
-            self.used_blocks -= self._blocks(req.ctx[rid])
+            self.used_blocks -= -(-req.ctx[rid] // bs)  # _blocks
             self._complete(rid, now_s, req, out)
 
     def _first_token(self, rid: int, now_s: float, req: RequestTable, *, final: bool = False) -> None:
