@@ -642,8 +642,9 @@ class Simulator:
                 end = inst.seg_end_s
                 break
             end = inst.schedule(self.now_s, self.req)  # idle (its queue's head blocked): plan again
-        if end is not None:
-            self._push(end, _EV_SEGMENT, inst.index, inst.version)
+        if end is not None:  # self._push, inline: once per segment
+            self._seq += 1
+            heapq.heappush(self._events, (end, self._seq, _EV_SEGMENT, inst.index, inst.version))
         elif inst.state == "draining" and inst.empty:
             self._finish_drain(inst)
         sibling = inst.sibling
