@@ -465,7 +465,7 @@ class Simulator:
             inst = ready[pool.router.choose(request, ready)]
         else:
             inst = ready[0]
-        routed = self._count_routed(pool, inst, role, rid)
+        routed = role != pool.entry_role or self._count_routed(pool, inst, role, rid)
         if admit and self._start_admission(pool, inst, rid, routed=routed):
             return
         self._enqueue(inst, rid, routed=routed)

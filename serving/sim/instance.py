@@ -497,7 +497,7 @@ class Instance:
         if routed:
             self.router_requests_total += 1
         self.load += 1
-        return self.interrupt(now_s)
+        return self.interrupt(now_s) if self.busy and self._run else False
 
     def promote_waiting(self, rid: int, priority: int) -> bool:
         """Give a waiting request a new priority (re-queued by it); False when it is not waiting here."""
