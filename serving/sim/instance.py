@@ -461,14 +461,15 @@ class Instance:
         return steps
 
     def _join_decode(self, rid: int, req: RequestTable) -> None:
-        req.join[rid] = self.step
-        self._joins += 1
-        req.join_seq[rid] = self._joins
-        offset = req.ctx[rid] - self.step
+        step = self.step
+        joins = self._joins = self._joins + 1
+        req.join[rid] = step
+        req.join_seq[rid] = joins
+        offset = req.ctx[rid] - step
         self._ctx_offset_sum += offset
         self._phase[offset % self.block_size] += 1
         self.decoding[rid] = None
-        heapq.heappush(self._finish, (self.step + req.target[rid] - req.gen[rid], rid, self._joins))
+        heapq.heappush(self._finish, (step + req.target[rid] - req.gen[rid], rid, joins))
 
     def _leave_decode(self, rid: int, req: RequestTable) -> None:
         """Remove from the batch and write back its KV length and token count."""
@@ -850,10 +851,11 @@ class Instance:
             req.t_first_s[rid] = now_s
 
     def _finish_chunks(self, now_s: float, req: RequestTable, out: SegmentResult) -> None:
+        r_ctx, r_left = req.ctx, req.prefill_left
         for rid, chunk in self._it_chunks:
-            req.ctx[rid] += chunk
-            req.prefill_left[rid] -= chunk
-            if req.prefill_left[rid] > 0:
+            r_ctx[rid] += chunk
+            left = r_left[rid] = r_left[rid] - chunk
+            if left > 0:
                 continue
             self.prefilling.remove(rid)
             self.generation_tokens_total += 1
