@@ -371,39 +371,44 @@ class Simulator:
         """Process every event and arrival at or before ``t_s``; then ``now_s == t_s``."""
         if t_s < self.now_s:
             raise ValueError(f"run_until({t_s}) is in the past (now_s={self.now_s})")
+        # the hottest loop of the simulator: everything it reads per event is bound to a local
         events = self._events
         times = self._arrival_times
+        order = self._arrival_order
         n_arr = len(times)
+        pools, pool_of, instances = self.pools, self.req.pool_of, self.instances
+        predictor, tail = self.output_predictor, self.tail
+        heappop, inf = heapq.heappop, math.inf
+        nxt = self._next_arrival
+        t_arr = times[nxt] if nxt < n_arr else inf
         while True:
-            t_ev = events[0][0] if events else math.inf
-            t_arr = times[self._next_arrival] if self._next_arrival < n_arr else math.inf
+            t_ev = events[0][0] if events else inf
             if t_arr < t_ev:
                 if t_arr > t_s:
                     break
                 self.now_s = t_arr
-                rid = self._arrival_order[self._next_arrival]
-                self._next_arrival += 1
-                pool = self.pools[self.req.pool_of[rid]]
-                if self.output_predictor is not None:
-                    self.req.predicted[rid] = self.output_predictor.predict(
-                        self.req.prompt[rid], model=pool.spec.name
-                    )
-                if self.tail is not None:
-                    wait_s = self.tail.fraction * pool.spec.slo_ttft_ms / 1000.0
+                rid = order[nxt]
+                nxt += 1
+                self._next_arrival = nxt
+                pool = pools[pool_of[rid]]
+                if predictor is not None:
+                    self.req.predicted[rid] = predictor.predict(self.req.prompt[rid], model=pool.spec.name)
+                if tail is not None:
+                    wait_s = tail.fraction * pool.spec.slo_ttft_ms / 1000.0
                     self._push(t_arr + wait_s, _EV_TAIL, rid, 0)
                 self._route(pool, pool.entry_role, rid, admit=True)
+                t_arr = times[nxt] if nxt < n_arr else inf
                 continue
             if t_ev > t_s:
                 break
-            t, _, kind, a, b = heapq.heappop(events)
+            t, _, kind, a, b = heappop(events)
             self.now_s = t
             if kind == _EV_SEGMENT:
-                inst = self.instances[a]
+                inst = instances[a]
                 if inst.version == b and inst.busy and inst.seg_end_s == t:
                     self._on_segment_end(inst)
             elif kind == _EV_TRANSFER:
-                pool = self.pools[self.req.pool_of[a]]
-                self._route(pool, "decode", a)
+                self._route(pools[pool_of[a]], "decode", a)
             elif kind == _EV_TAIL:
                 self._on_tail(a)
             elif kind == _EV_TAIL_EXPIRE:
@@ -453,14 +458,14 @@ class Simulator:
             self._park_unadmitted(pool, rid, admit)
             pool.pending[role].append(rid)
             return
-        request = RouteRequest(
-            prompt_tokens=self.req.prompt[rid],
-            predicted_output_tokens=self.req.predicted[rid],
-            priority=self.req.priority[rid],
-            stage=role,
-        )
-        inst = ready[pool.router.choose(request, ready)] if len(ready) > 1 else ready[0]
-        routed = self._count_routed(pool, inst, role, rid)
+        if len(ready) > 1:
+            req = self.req
+            # positional: a frozen dataclass's keyword construction costs twice as much, once per routing
+            request = RouteRequest(req.prompt[rid], req.predicted[rid], req.priority[rid], role)
+            inst = ready[pool.router.choose(request, ready)]
+        else:
+            inst = ready[0]
+        routed = role != pool.entry_role or self._count_routed(pool, inst, role, rid)
         if admit and self._start_admission(pool, inst, rid, routed=routed):
             return
         self._enqueue(inst, rid, routed=routed)
@@ -637,8 +642,9 @@ class Simulator:
                 end = inst.seg_end_s
                 break
             end = inst.schedule(self.now_s, self.req)  # idle (its queue's head blocked): plan again
-        if end is not None:
-            self._push(end, _EV_SEGMENT, inst.index, inst.version)
+        if end is not None:  # self._push, inline: once per segment
+            self._seq += 1
+            heapq.heappush(self._events, (end, self._seq, _EV_SEGMENT, inst.index, inst.version))
         elif inst.state == "draining" and inst.empty:
             self._finish_drain(inst)
         sibling = inst.sibling
@@ -1105,33 +1111,57 @@ class Simulator:
         live = [i for i in self.instances if i.state != "gone"]
         for i in live:
             i.settle(now, self.req)
-
-        def col(f: Callable[[Instance], float]) -> np.ndarray:
-            return np.array([f(i) for i in live], dtype=np.float64)
+        # Called every tick with a policy in the loop: one pass over the instances reads every gauge and
+        # counter (a row each), then each metric becomes one float64 column.
+        names = [
+            NUM_REQUESTS_RUNNING,
+            NUM_REQUESTS_WAITING,
+            KV_CACHE_USAGE_PERC,
+            PROMPT_TOKENS_TOTAL,
+            GENERATION_TOKENS_TOTAL,
+            NUM_PREEMPTIONS_TOTAL,
+            REQUEST_SUCCESS_TOTAL,
+            ROUTER_REQUESTS_TOTAL,
+            ROUTER_PROMPT_TOKENS_TOTAL,
+        ]
+        predicted, tail = self.output_predictor is not None, self.tail is not None
+        if predicted:
+            names.append(PREDICTED_OUTPUT_TOKENS_TOTAL)
+        if tail:
+            names += [TAIL_PROMOTIONS_TOTAL, STANDBY_PROMOTIONS_TOTAL]
+        rows: list[list[float]] = []
+        for i in live:
+            row = [
+                i.running,
+                len(i.waiting),
+                i.kv_usage(now),
+                i.prompt_tokens_total,
+                i.generation_tokens(now),
+                i.preemptions_total,
+                i.success_total,
+                i.router_requests_total,
+                i.router_prompt_tokens_total,
+            ]
+            if predicted:
+                row.append(i.predicted_output_tokens_total)
+            if tail:
+                row += [i.tail_promotions_total, i.standby_promotions_total]
+            rows.append(row)
+        table = np.array(rows, dtype=np.float64).reshape(len(live), len(names))
+        values = {name: table[:, j].copy() for j, name in enumerate(names)}  # each its own array, as before
+        gauges = {name: values.pop(name) for name in names[:3]}
 
         def hist(name: str) -> Histogram:
             hs = [getattr(i, name) for i in live]
             bounds = hs[0].bounds if hs else ()
             counts = (
-                np.cumsum(np.stack([h.counts for h in hs]), axis=1)
+                np.cumsum(np.array([h.counts for h in hs], dtype=np.int64), axis=1)
                 if hs
                 else np.zeros((0, len(bounds) + 1), dtype=np.int64)
             )
-            return Histogram(bounds_s=bounds, counts=counts, sums=col(lambda i: getattr(i, name).sum))
+            sums = np.array([h.sum for h in hs], dtype=np.float64)
+            return Histogram(bounds_s=bounds, counts=counts, sums=sums)
 
-        counters = {
-            PROMPT_TOKENS_TOTAL: col(lambda i: i.prompt_tokens_total),
-            GENERATION_TOKENS_TOTAL: col(lambda i: i.generation_tokens(now)),
-            NUM_PREEMPTIONS_TOTAL: col(lambda i: i.preemptions_total),
-            REQUEST_SUCCESS_TOTAL: col(lambda i: i.success_total),
-            ROUTER_REQUESTS_TOTAL: col(lambda i: i.router_requests_total),
-            ROUTER_PROMPT_TOKENS_TOTAL: col(lambda i: i.router_prompt_tokens_total),
-        }
-        if self.output_predictor is not None:
-            counters[PREDICTED_OUTPUT_TOKENS_TOTAL] = col(lambda i: i.predicted_output_tokens_total)
-        if self.tail is not None:
-            counters[TAIL_PROMOTIONS_TOTAL] = col(lambda i: i.tail_promotions_total)
-            counters[STANDBY_PROMOTIONS_TOTAL] = col(lambda i: i.standby_promotions_total)
         return InstanceSamples(
             now_s=now,
             instance_ids=tuple(i.instance_id for i in live),
@@ -1139,12 +1169,8 @@ class Simulator:
             roles=tuple(i.role for i in live),
             nodes=tuple(i.node for i in live),
             states=tuple(i.state for i in live),
-            gauges={
-                NUM_REQUESTS_RUNNING: col(lambda i: i.running),
-                NUM_REQUESTS_WAITING: col(lambda i: len(i.waiting)),
-                KV_CACHE_USAGE_PERC: col(lambda i: i.kv_usage(now)),
-            },
-            counters=counters,
+            gauges=gauges,
+            counters=values,
             histograms={
                 TIME_TO_FIRST_TOKEN_SECONDS: hist("ttft"),
                 INTER_TOKEN_LATENCY_SECONDS: hist("itl"),

@@ -401,9 +401,9 @@ class Instance:
         k = self._run_steps
         if x <= 0.0:
             return 0
-        if x >= self._run_ms(k):
-            return k
         if self._stall_ms:  # _run_ms(0) = 0 <= x < _run_ms(k): bisect (a stall breaks the closed form)
+            if x >= self._run_ms(k):
+                return k
             lo, hi = 0, k
             while hi - lo > 1:
                 mid = (lo + hi) // 2
@@ -412,27 +412,37 @@ class Instance:
                 else:
                     hi = mid
             return lo
+        # no stalls: _run_ms(j) = a·j + s·j·(j - 1)/2, written inline (the same floats)
         a, s = self._run_first_ms, self._run_slope_ms
+        if x >= a * k + s * k * (k - 1) / 2.0:
+            return k
         if s <= 1e-12:
             j = int(x // a) if a > 0 else k
         else:
             b = a - s / 2.0
             j = int((-b + math.sqrt(b * b + 2.0 * s * x)) / s)
         j = min(max(j, 0), k)
-        while j > 0 and self._run_ms(j) > x:
+        while j > 0 and a * j + s * j * (j - 1) / 2.0 > x:
             j -= 1
-        while j < k and self._run_ms(j + 1) <= x:
+        while j < k and a * (j + 1) + s * (j + 1) * j / 2.0 <= x:
             j += 1
         return j
 
     def _new_blocks(self, first_step: int, steps: int) -> int:
         """KV blocks the decoding batch allocates over ``steps`` steps from ``first_step``."""
         bs = self.block_size
-        full = steps // bs
+        full, rem = divmod(steps, bs)
         total = len(self.decoding) * full
-        phase = self._phase
-        for k in range(first_step + full * bs, first_step + steps):
-            total += phase[(-k) % bs]
+        if rem > 0:
+            # steps k = first_step + full·bs + j (j < rem) take phase[(-k) % bs]: the indices run down from
+            # hi = (-first_step) % bs, one per step, wrapping below 0 to bs - 1 (at most two slices)
+            phase = self._phase
+            hi = (-first_step) % bs
+            lo = hi - rem + 1
+            if lo >= 0:
+                total += sum(phase[lo : hi + 1])
+            else:
+                total += sum(phase[: hi + 1]) + sum(phase[lo + bs :])
         return total
 
     def _steps_that_fit(self, steps: int, free_blocks: int) -> int:
@@ -451,14 +461,15 @@ class Instance:
         return steps
 
     def _join_decode(self, rid: int, req: RequestTable) -> None:
-        req.join[rid] = self.step
-        self._joins += 1
-        req.join_seq[rid] = self._joins
-        offset = req.ctx[rid] - self.step
+        step = self.step
+        joins = self._joins = self._joins + 1
+        req.join[rid] = step
+        req.join_seq[rid] = joins
+        offset = req.ctx[rid] - step
         self._ctx_offset_sum += offset
         self._phase[offset % self.block_size] += 1
         self.decoding[rid] = None
-        heapq.heappush(self._finish, (self.step + req.target[rid] - req.gen[rid], rid, self._joins))
+        heapq.heappush(self._finish, (step + req.target[rid] - req.gen[rid], rid, joins))
 
     def _leave_decode(self, rid: int, req: RequestTable) -> None:
         """Remove from the batch and write back its KV length and token count."""
@@ -487,7 +498,7 @@ class Instance:
         if routed:
             self.router_requests_total += 1
         self.load += 1
-        return self.interrupt(now_s)
+        return self.interrupt(now_s) if self.busy and self._run else False
 
     def promote_waiting(self, rid: int, priority: int) -> bool:
         """Give a waiting request a new priority (re-queued by it); False when it is not waiting here."""
@@ -514,8 +525,8 @@ class Instance:
         afresh; True when the run's end time moved."""
         if not (self.busy and self._run):
             return False
-        keep = min(self._steps_done(now_s) + 1, self._run_steps)
-        if keep == self._run_steps:
+        keep = self._steps_done(now_s) + 1
+        if keep >= self._run_steps:
             return False
         self._run_steps = keep
         self.seg_end_s = self.seg_start_s + self._run_ms(keep) / 1000.0
@@ -589,38 +600,47 @@ class Instance:
 
     def schedule(self, now_s: float, req: RequestTable) -> float | None:
         """Plan the next segment from ``now_s``; its end time, or None when there is nothing to run."""
+        # Runs once per segment: the request table's columns and the queues are bound to locals, and block
+        # counts are ceil(tokens / block_size) written inline (as _blocks).
         bs = self.block_size
+        total_blocks = self.total_blocks
+        phase = self._phase
+        decoding, prefilling, waiting = self.decoding, self.prefilling, self.waiting
+        r_ctx, r_left = req.ctx, req.prefill_left
+        heappop = heapq.heappop
         while True:
-            need = self._step_need()
-            while self.decoding and self.used_blocks + need > self.total_blocks:
+            need = phase[(-self.step) % bs] if decoding else 0
+            while decoding and self.used_blocks + need > total_blocks:
                 self._preempt_one(req)
-                need = self._step_need()
-            free = self.total_blocks - self.used_blocks - need
-            budget = self.max_batched - len(self.decoding)
+                need = phase[(-self.step) % bs] if decoding else 0
+            free = total_blocks - self.used_blocks - need
+            budget = self.max_batched - len(decoding)
             chunks: list[tuple[int, int]] = []
-            for rid in self.prefilling:
+            for rid in prefilling:
                 if budget <= 0:
                     break
-                ctx = req.ctx[rid]
-                chunk = min(req.prefill_left[rid], budget)
-                nb = self._blocks(ctx + chunk) - self._blocks(ctx)
+                ctx = r_ctx[rid]
+                chunk = r_left[rid]
+                if budget < chunk:
+                    chunk = budget
+                nb = -(-(ctx + chunk) // bs) - -(-ctx // bs)
                 if nb > free:
                     break
                 free -= nb
                 budget -= chunk
                 chunks.append((rid, chunk))
-            n_running = len(self.decoding) + len(self.prefilling)
-            waiting = self.waiting
-            while waiting and budget > 0 and n_running < self.max_seqs:
+            n_running = len(decoding) + len(prefilling)
+            max_seqs = self.max_seqs
+            while waiting and budget > 0 and n_running < max_seqs:
                 rid = waiting[0][1]
-                ctx = req.ctx[rid]
-                left = req.prefill_left[rid]
+                ctx = r_ctx[rid]
+                left = r_left[rid]
                 if left == 0:  # KV arrived from a prefill instance: joins the decode batch
-                    base = self._blocks(ctx)
+                    base = -(-ctx // bs)
                     step_block = 1 if ctx % bs == 0 else 0
                     if base + step_block > free:
                         break
-                    heapq.heappop(waiting)
+                    heappop(waiting)
                     free -= base + step_block
                     need += step_block
                     self.used_blocks += base
@@ -631,23 +651,23 @@ class Instance:
                     if math.isnan(req.t_first_s[rid]):
                         self._fresh.append(rid)
                 else:
-                    chunk = min(left, budget)
-                    nb = self._blocks(ctx + chunk) - self._blocks(ctx)
+                    chunk = left if left < budget else budget
+                    nb = -(-(ctx + chunk) // bs) - -(-ctx // bs)
                     if nb > free:
                         break
-                    heapq.heappop(waiting)
+                    heappop(waiting)
                     free -= nb
                     budget -= chunk
-                    self.prefilling.append(rid)
+                    prefilling.append(rid)
                     chunks.append((rid, chunk))
                 n_running += 1
             if chunks:
                 return self._start_iteration(now_s, req, chunks, need)
-            if self.decoding:
+            if decoding:
                 return self._start_decode_run(now_s, req)
-            if not self.prefilling:
+            if not prefilling:
                 self.busy = False
-                if not self.waiting and math.isnan(self._idle_since_s):
+                if not waiting and math.isnan(self._idle_since_s):
                     self._idle_since_s = now_s
                 return None
             # Partial prefills hold every free block and nothing decodes: free room by preemption.
@@ -663,16 +683,22 @@ class Instance:
     def _start_iteration(
         self, now_s: float, req: RequestTable, chunks: list[tuple[int, int]], need: int
     ) -> float:
-        now_s = self._wake_up(now_s)
+        if self._wake_s > 0.0:
+            now_s = self._wake_up(now_s)
+        else:
+            self._idle_since_s = math.nan
         n_dec = len(self.decoding)
         prefill_tokens = 0
         prefill_ctx = 0
+        bs = self.block_size
+        r_ctx = req.ctx
+        blocks = 0
         for rid, chunk in chunks:
-            ctx = req.ctx[rid]
+            ctx = r_ctx[rid]
             prefill_tokens += chunk
             prefill_ctx += ctx
-            self.used_blocks += self._blocks(ctx + chunk) - self._blocks(ctx)
-        self.used_blocks += need
+            blocks += -(-(ctx + chunk) // bs) - -(-ctx // bs)  # _blocks(ctx + chunk) - _blocks(ctx)
+        self.used_blocks += blocks + need
         decode_ctx = self._ctx_offset_sum + n_dec * self.step
         dt_ms = float(
             self.latency.iteration_ms(
@@ -691,17 +717,28 @@ class Instance:
         return self.seg_end_s
 
     def _start_decode_run(self, now_s: float, req: RequestTable) -> float:
-        now_s = self._wake_up(now_s)
+        if self._wake_s > 0.0:
+            now_s = self._wake_up(now_s)
+        else:
+            self._idle_since_s = math.nan
         n = len(self.decoding)
-        steps = min(self._first_finish_step(req) - self.step, DECODE_RUN_MAX_STEPS)
-        steps = max(self._steps_that_fit(steps, self.total_blocks - self.used_blocks), 1)
-        ctx0 = self._ctx_offset_sum + n * self.step
-        first = float(self.latency.iteration_ms(0, 0, n, ctx0))
+        step = self.step
+        steps = self._first_finish_step(req) - step
+        if steps > DECODE_RUN_MAX_STEPS:
+            steps = DECODE_RUN_MAX_STEPS
+        free = self.total_blocks - self.used_blocks
+        if n * (steps // self.block_size + 1) > free:  # else every step's new blocks surely fit
+            steps = self._steps_that_fit(steps, free)
+        if steps < 1:
+            steps = 1
+        ctx0 = self._ctx_offset_sum + n * step
+        latency = self.latency
+        first = float(latency.iteration_ms(0, 0, n, ctx0))
         per_ctx = self._ms_per_ctx.get(n)
         if per_ctx is None:
-            far = float(self.latency.iteration_ms(0, 0, n, ctx0 + n * 1024))
+            far = float(latency.iteration_ms(0, 0, n, ctx0 + n * 1024))
             per_ctx = self._ms_per_ctx[n] = max((far - first) / (n * 1024), 0.0)
-        factor = self._factor(n, ctx0)
+        factor = 1.0 if self.sibling is None else self._factor(n, ctx0)
         first *= factor
         slope = per_ctx * n * factor
         self._run = True
@@ -711,9 +748,13 @@ class Instance:
         self._run_slope_ms = slope
         self.busy = True
         self.seg_start_s = now_s
-        self.seg_end_s = now_s + self._run_ms(steps) / 1000.0
+        if self._stall_ms:
+            self.seg_end_s = now_s + self._run_ms(steps) / 1000.0
+            self._fresh_t_s = now_s + self._run_ms(1) / 1000.0
+        else:  # _run_ms(steps) without stalls, inline
+            self.seg_end_s = now_s + (first * steps + slope * steps * (steps - 1) / 2.0) / 1000.0
+            self._fresh_t_s = now_s + first / 1000.0
         self._seg_fresh = len(self._fresh)
-        self._fresh_t_s = now_s + (self._run_ms(1) if self._stall_ms else first) / 1000.0
         return self.seg_end_s
 
     # -- finishing a segment -------------------------------------------------------------------------
@@ -723,32 +764,36 @@ class Instance:
         out = SegmentResult()
         if self._run:
             self._commit_steps(self._run_steps)
-            self._flush_first_tokens(req)
+            if self._fresh:
+                self._flush_first_tokens(req)
             self._complete_decoded(now_s, req, out)
             return out
         if self._it_decode:
             self.step += 1
             self.generation_tokens_total += self._it_decode
             self.itl.observe(self._it_ms / 1000.0, self._it_decode - self._seg_fresh)
-            self._flush_first_tokens(req)
+            if self._fresh:
+                self._flush_first_tokens(req)
             self._complete_decoded(now_s, req, out)
         self._finish_chunks(now_s, req, out)
         return out
 
     def _commit_steps(self, k: int) -> None:
         """Account the first ``k`` steps of the current decode run."""
-        self.used_blocks += self._new_blocks(self.step, k)
         s0 = self.step
-        self.step += k
-        self.generation_tokens_total += self._run_batch * k
+        self.used_blocks += self._new_blocks(s0, k)
+        self.step = s0 + k
+        batch = self._run_batch
+        self.generation_tokens_total += batch * k
         first_s, slope_s = self._run_first_ms / 1000.0, self._run_slope_ms / 1000.0
         # a request's first token is no inter-token gap: step 0 is not an ITL sample for the fresh ones
         fresh = self._seg_fresh if k > 0 else 0
+        itl = self.itl
         if fresh:
-            self.itl.observe_linear(first_s, slope_s, 1, self._run_batch - fresh)
-            self.itl.observe_linear(first_s + slope_s, slope_s, k - 1, self._run_batch)
+            itl.observe_linear(first_s, slope_s, 1, batch - fresh)
+            itl.observe_linear(first_s + slope_s, slope_s, k - 1, batch)
         else:
-            self.itl.observe_linear(first_s, slope_s, k, self._run_batch)
+            itl.observe_linear(first_s, slope_s, k, batch)
         if self._stall_ms and k > 0:  # the stalled steps' samples move up by the stall
             stall_s = self._stall_ms / 1000.0
             for j in self._stalled_in_run(s0, k):
@@ -781,12 +826,13 @@ class Instance:
 
     def _complete_decoded(self, now_s: float, req: RequestTable, out: SegmentResult) -> None:
         heap = self._finish
-        while heap and heap[0][0] <= self.step:
+        step, decoding, join_seq, bs = self.step, self.decoding, req.join_seq, self.block_size
+        while heap and heap[0][0] <= step:
             _, rid, seq = heapq.heappop(heap)
-            if rid not in self.decoding or req.join_seq[rid] != seq:
+            if rid not in decoding or join_seq[rid] != seq:
                 continue
             self._leave_decode(rid, req)
-            self.used_blocks -= self._blocks(req.ctx[rid])
+            self.used_blocks -= -(-req.ctx[rid] // bs)  # _blocks
             self._complete(rid, now_s, req, out)
 
     def _first_token(self, rid: int, now_s: float, req: RequestTable, *, final: bool = False) -> None:
@@ -805,10 +851,11 @@ class Instance:
             req.t_first_s[rid] = now_s
 
     def _finish_chunks(self, now_s: float, req: RequestTable, out: SegmentResult) -> None:
+        r_ctx, r_left = req.ctx, req.prefill_left
         for rid, chunk in self._it_chunks:
-            req.ctx[rid] += chunk
-            req.prefill_left[rid] -= chunk
-            if req.prefill_left[rid] > 0:
+            r_ctx[rid] += chunk
+            left = r_left[rid] = r_left[rid] - chunk
+            if left > 0:
                 continue
             self.prefilling.remove(rid)
             self.generation_tokens_total += 1

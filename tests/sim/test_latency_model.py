@@ -127,6 +127,22 @@ def test_more_work_never_takes_less_time(name: str, base: tuple[int, ...], field
     assert after >= before - 1e-9
 
 
+@pytest.mark.parametrize("name", GPU_PROFILES)
+@settings(max_examples=30, deadline=None)
+@given(case=st.lists(inputs, min_size=2, max_size=30))
+def test_scalar_calls_do_not_depend_on_call_order(name: str, case: list[tuple[int, ...]]) -> None:
+    """Scalar calls memoise table lookups: two fresh models asked the same calls in opposite orders must give
+    the same floats (a memo keyed on the wrong quantity would hand one call another's value)."""
+    profile = get_profile(name)
+    forward, backward = build_operator_model(profile), build_operator_model(profile)
+    calls = []
+    for p, k, b, c, n in case:  # each with calls of the same batch tokens split otherwise between the phases
+        calls += [(p, k, b, b * c, n), (p + b, k, 0, 0, n), (0, 0, p + b, (p + b) * c, 1)]
+    ahead = [forward.iteration_ms(p, k, b, c, prefill_seqs=n) for p, k, b, c, n in calls]
+    behind = [backward.iteration_ms(p, k, b, c, prefill_seqs=n) for p, k, b, c, n in reversed(calls)]
+    assert ahead == behind[::-1]
+
+
 def test_empty_negative_and_nan_inputs() -> None:
     m = get_latency_model("llama3-8b/a100")
     assert m.iteration_ms(0, 500, 0, 0) == 0.0
