@@ -246,6 +246,15 @@ class PolicyConfig(BaseModel):
         le=3600.0,
         description="seconds to go from min to max replicas by scale-up (seed: 120 s)",
     )
+    ramp_up_on_trend: Literal["limited", "lifted"] = Field(
+        "limited",
+        description=(
+            "the ramp-up limit (ramp_up_s) while the trend stage projects a ramp (trend_factor): 'limited' ="
+            " as at any other time (session 6); 'lifted' = not applied, since a confirmed ramp's target is the"
+            " load one cold start ahead, and rate-limiting it delays that capacity by up to ramp_up_s (the"
+            " 600-s sinusoid's first rise: capacity asked for at 90 s held to 25 prefill of 38 wanted)"
+        ),
+    )
     provision_lead_s: float = Field(
         120.0,
         ge=0.0,
@@ -280,6 +289,17 @@ class PolicyConfig(BaseModel):
             " the level-relative candidate, moves the decode target for a tick or two, and each such tick was a"
             " cold start released unused). Measured with the shipped checkpoint: the same SLO on every workload"
             " of bench_policies.py, up to 1.6 % fewer GPU-s (docs/BENCHMARKS.md, W7). False = session 4"
+        ),
+    )
+    output_ratio: Literal["per-tick", "smoothed"] = Field(
+        "per-tick",
+        description=(
+            "how the pool's mean output length is read from generation tokens/s and arrivals/s"
+            " (controller.pipeline.LengthTracker): 'per-tick' (session 6) = an EWMA of each tick's generation over"
+            " the arrivals' EWMA, which lags the arrivals by about a minute, so a rise reads long outputs and a"
+            " fall short ones (the 600-s sinusoid: 520 to 1,690 tokens for a true 1,000); 'smoothed' = the"
+            " generation's EWMA over the arrivals' EWMA, both smoothed alike (exact for a load whose generation"
+            " follows its arrivals). The floors of output_floor apply on top either way"
         ),
     )
     output_floor: Literal["held", "admitted", "off"] = Field(
