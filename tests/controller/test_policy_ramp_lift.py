@@ -81,8 +81,8 @@ def _ramp_plans(cfg: PolicyConfig, slope: float) -> list[tuple[str, ...]]:
 
 
 def test_decide_lifts_the_ramp_up_limit_on_a_projected_ramp_only() -> None:
-    limited = _ramp_plans(PolicyConfig(standby_decode=0), 0.05)
-    lifted = _ramp_plans(PolicyConfig(standby_decode=0, ramp_up_on_trend="lifted"), 0.05)
+    limited = _ramp_plans(PolicyConfig(standby_decode=0, ramp_up_on_trend="limited"), 0.05)
+    lifted = _ramp_plans(PolicyConfig(standby_decode=0), 0.05)
     trend_ticks = [k for k, reasons in enumerate(lifted) if any(r.startswith("trend") for r in reasons)]
     assert trend_ticks, "the ramp is read"
     last = trend_ticks[-1]
@@ -92,8 +92,8 @@ def test_decide_lifts_the_ramp_up_limit_on_a_projected_ramp_only() -> None:
     # before the ramp is read (and on flat traffic) the limit binds either way
     for k in range(1, trend_ticks[0]):
         assert limited[k] == lifted[k]
-    flat_limited = _ramp_plans(PolicyConfig(standby_decode=0), 0.0)
-    flat_lifted = _ramp_plans(PolicyConfig(standby_decode=0, ramp_up_on_trend="lifted"), 0.0)
+    flat_limited = _ramp_plans(PolicyConfig(standby_decode=0, ramp_up_on_trend="limited"), 0.0)
+    flat_lifted = _ramp_plans(PolicyConfig(standby_decode=0), 0.0)
     assert flat_limited == flat_lifted
 
 
@@ -136,6 +136,11 @@ def test_both_ratios_agree_on_steady_traffic() -> None:
     steady = [5.0] * 300
     for ratio in ("per-tick", "smoothed"):
         assert _track(steady, 500.0, ratio).output_ewma == pytest.approx(500.0, rel=1e-9)
+
+
+def test_defaults() -> None:
+    cfg = PolicyConfig()
+    assert (cfg.ramp_up_on_trend, cfg.output_ratio) == ("lifted", "per-tick")
 
 
 @pytest.mark.parametrize(("field", "value"), [("ramp_up_on_trend", "always"), ("output_ratio", "lagged")])
