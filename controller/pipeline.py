@@ -229,7 +229,8 @@ class LengthTracker:
     ) -> None:
         """Fold one scrape in; ``capped``: the decode fleet is saturated, so gen_tps is a floor of the load.
         ``mode`` (``PolicyConfig.output_floor``): 'admitted' = both floors, 'held' = no tokens-per-admitted
-        floor, 'off' = the plain EWMA."""
+        floor, 'off' = the plain EWMA. ``ratio`` (``PolicyConfig.output_ratio``): 'per-tick' or 'smoothed' (see
+        the class docstring)."""
         a = 1.0 - 0.5 ** (dt_s / LENGTH_HALFLIFE_S)
         self.rate.update(load.arrival_rps, dt_s)
         per_admitted = self._per_admitted(load, dt_s, a)
