@@ -28,7 +28,8 @@ class PolicyConfig(BaseModel):
     "Scaling policies side by side"); setting them to 'flat', 0, 0, 'off', ``queue_persist_s=3600``, 0,
     'off', False and True gives the seed's policy back. ``burst_reserve_level='tick'``,
     ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back;
-    ``burst_peak_headroom='both'`` and ``cold_start_persist_decode=False`` give session 4's."""
+    ``burst_peak_headroom='both'`` and ``cold_start_persist_decode=False`` give session 4's;
+    ``ramp_up_on_trend='limited'`` gives session 6's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -246,6 +247,16 @@ class PolicyConfig(BaseModel):
         le=3600.0,
         description="seconds to go from min to max replicas by scale-up (seed: 120 s)",
     )
+    ramp_up_on_trend: Literal["limited", "lifted"] = Field(
+        "lifted",
+        description=(
+            "the ramp-up limit (ramp_up_s) while the trend stage projects a ramp (trend_factor): 'lifted'"
+            " (default since session 7) = not applied, since a confirmed ramp's target is the load one cold"
+            " start ahead, and rate-limiting it delays that capacity by up to ramp_up_s (the 600-s sinusoid's"
+            " first rise: at 90 s 25 prefill of 38 wanted; 85.32 -> 90.14 % SLO at +1.7 % GPU-s, no other row"
+            " of docs/BENCHMARKS.md's reference table moved); 'limited' = as at any other time (session 6)"
+        ),
+    )
     provision_lead_s: float = Field(
         120.0,
         ge=0.0,
@@ -280,6 +291,17 @@ class PolicyConfig(BaseModel):
             " the level-relative candidate, moves the decode target for a tick or two, and each such tick was a"
             " cold start released unused). Measured with the shipped checkpoint: the same SLO on every workload"
             " of bench_policies.py, up to 1.6 % fewer GPU-s (docs/BENCHMARKS.md, W7). False = session 4"
+        ),
+    )
+    output_ratio: Literal["per-tick", "smoothed"] = Field(
+        "per-tick",
+        description=(
+            "how the pool's mean output length is read from generation tokens/s and arrivals/s"
+            " (controller.pipeline.LengthTracker): 'per-tick' (session 6) = an EWMA of each tick's generation over"
+            " the arrivals' EWMA, which lags the arrivals by about a minute, so a rise reads long outputs and a"
+            " fall short ones (the 600-s sinusoid: 520 to 1,690 tokens for a true 1,000); 'smoothed' = the"
+            " generation's EWMA over the arrivals' EWMA, both smoothed alike (exact for a load whose generation"
+            " follows its arrivals). The floors of output_floor apply on top either way"
         ),
     )
     output_floor: Literal["held", "admitted", "off"] = Field(

@@ -172,6 +172,13 @@ class LengthTracker:
     only as a further floor while capped: outside saturation a falling fleet (running shrinking) would bias it
     high. The hold errs on the safe side (more decode while unsure) and lasts only while the fleet is full or
     one lifetime: a pool whose outputs really shrink is followed again as soon as decode has headroom.
+
+    The ratio itself (``ratio``, ``PolicyConfig.output_ratio``): 'per-tick' smooths each tick's generation
+    divided by the arrivals' EWMA, whose mean lag is about 1.4 half-lives (~87 s) against the generation's
+    half a request lifetime, so outside the two states above it also reads high on a rise and low on a fall
+    (the 600-s sinusoid: 520–1,690 tokens for a true 1,000); 'smoothed' divides the generation's EWMA by the
+    arrivals' EWMA, both over the same ticks with the same weights: exact whenever generation is proportional
+    to arrivals, and only the lifetime's lag left otherwise.
     """
 
     prompt_ewma: float = math.nan
@@ -183,6 +190,7 @@ class LengthTracker:
     decode_gen_ewma: float = math.nan  # generation tokens/s, ticks with a known admission rate only
     admitted_ewma: float = math.nan  # requests admitted to decode per second: completions + Δrunning/dt
     last_running: float = math.nan
+    gen_ewma: float = math.nan  # generation tokens/s, smoothed over the same ticks as arrivals_ewma
 
     @property
     def rate_ewma(self) -> float:
@@ -210,10 +218,19 @@ class LengthTracker:
             self.decode_gen_ewma += a * (load.gen_tps - self.decode_gen_ewma)
         return self.decode_gen_ewma / self.admitted_ewma if self.admitted_ewma > 0 else math.nan
 
-    def update(self, load: PoolLoad, dt_s: float, *, capped: bool = False, mode: str = "admitted") -> None:
+    def update(
+        self,
+        load: PoolLoad,
+        dt_s: float,
+        *,
+        capped: bool = False,
+        mode: str = "admitted",
+        ratio: str = "per-tick",
+    ) -> None:
         """Fold one scrape in; ``capped``: the decode fleet is saturated, so gen_tps is a floor of the load.
         ``mode`` (``PolicyConfig.output_floor``): 'admitted' = both floors, 'held' = no tokens-per-admitted
-        floor, 'off' = the plain EWMA."""
+        floor, 'off' = the plain EWMA. ``ratio`` (``PolicyConfig.output_ratio``): 'per-tick' or 'smoothed' (see
+        the class docstring)."""
         a = 1.0 - 0.5 ** (dt_s / LENGTH_HALFLIFE_S)
         self.rate.update(load.arrival_rps, dt_s)
         per_admitted = self._per_admitted(load, dt_s, a)
@@ -229,8 +246,12 @@ class LengthTracker:
         self.arrivals_ewma = ewma(self.arrivals_ewma, load.arrival_rps)
         if math.isfinite(load.gen_tps):
             floor = mode != "off" and (capped or self.warming)
-            gen_per_arrival = ewma(self.output_ewma * self.arrivals_ewma, load.gen_tps)
-            new = gen_per_arrival / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
+            self.gen_ewma = ewma(self.gen_ewma, load.gen_tps)
+            if ratio == "smoothed":
+                new = self.gen_ewma / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
+            else:
+                gen_per_arrival = ewma(self.output_ewma * self.arrivals_ewma, load.gen_tps)
+                new = gen_per_arrival / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
             self.output_ewma = (
                 max(self.output_ewma, new) if floor and math.isfinite(self.output_ewma) else new
             )
@@ -416,7 +437,13 @@ class Pipeline:
         for name, load in loads.items():
             track = self.tracks[name]
             capped = self._decode_capped(track, load, counts[name])
-            track.lengths.update(load, dt, capped=capped, mode=track.setup.policy.output_floor)
+            track.lengths.update(
+                load,
+                dt,
+                capped=capped,
+                mode=track.setup.policy.output_floor,
+                ratio=track.setup.policy.output_ratio,
+            )
             self.tracks[name].burst.update(load.arrival_rps, dt)
         forecasts, error = self._forecast(loads, now_s)
         decisions = {}

@@ -111,6 +111,8 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     watched = obs.now_s - seen_from >= cfg.provision_lead_s  # False while seen_from is NaN
     cold_persist_s = cfg.cold_start_persist_s if obs.waiting_requests == 0 and watched else 0.0
     decode_persists = cfg.cold_start_persist_decode and why_trend is None
+    # A projected ramp's target is the load one cold start ahead: rate-limiting it only delays that capacity.
+    rate_limited = not (cfg.ramp_up_on_trend == "lifted" and why_trend is not None)
     bounds = {"prefill": (cfg.min_prefill, cfg.max_prefill), "decode": (cfg.min_decode, cfg.max_decode)}
     roles = dict(state.roles)
     final: dict[str, int] = {}
@@ -127,6 +129,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             fast_up=obs.standby.get(role, 0),
             hold_s=hold_s,
             cold_persist_s=cold_persist_s if role == "prefill" or decode_persists else 0.0,
+            rate_limited=rate_limited,
         )
         if why_h:
             reasons.append(why_h)

@@ -703,6 +703,7 @@ def hysteresis_stage(
     fast_up: int,
     hold_s: float = 0.0,
     cold_persist_s: float = 0.0,
+    rate_limited: bool = True,
 ) -> tuple[int, RoleHistory, str | None]:
     """Stage 7: tolerance band, rate limits and the time-based scale-down delay for one role.
 
@@ -717,6 +718,8 @@ def hysteresis_stage(
     over the last ``cold_persist_s`` (0 = no such wait; ``decide`` passes ``cold_start_persist_s`` for prefill
     while no request waits): a cold instance serves ``provision_lead_s`` after it is asked for, and the
     scale-down window releases one started for a one-tick spike before it ever serves.
+    ``rate_limited`` False: no ramp-up limit this decision (``decide`` passes it while a ramp is projected and
+    ``ramp_up_on_trend`` is 'lifted'); the scale-down side is unchanged.
     """
     window_s = max(cfg.scale_down_delay_s, hold_s)
     keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
@@ -737,7 +740,7 @@ def hysteresis_stage(
     if target > current:
         lo, hi = (cfg.min_prefill, cfg.max_prefill) if role == "prefill" else (cfg.min_decode, cfg.max_decode)
         elapsed = now_s - history.last_change_s if math.isfinite(history.last_change_s) else math.inf
-        if cfg.ramp_up_s > 0 and math.isfinite(elapsed):
+        if rate_limited and cfg.ramp_up_s > 0 and math.isfinite(elapsed):
             limit = current + fast_up + max(1, math.floor((hi - lo) * elapsed / cfg.ramp_up_s))
             if target > limit:
                 reason = f"{role}: ramp-up limit {current} → {limit} (wanted {target})"
