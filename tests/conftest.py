@@ -8,12 +8,28 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
+from tests.support.background import MYPY_RUN, mypy_run
 from tests.support.prometheus import PrometheusServer, ScrapeJob
+
+MYPY_TEST = "tests/test_static.py::test_mypy_strict_clean"
 
 
 def on_ci() -> bool:
     """True when the environment says CI (``CI=true``/``1``), where missing real parts must fail, not skip."""
     return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the whole-project mypy run as soon as the tests are known, when its test is among them: minutes
+    of one core, while most tests leave the other core idle. The test waits for it and asserts on it."""
+    if any(item.nodeid == MYPY_TEST for item in session.items):
+        session.config.stash[MYPY_RUN] = mypy_run()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    run = session.config.stash.get(MYPY_RUN, None)
+    if run is not None:
+        run.kill()
 
 
 @pytest.fixture(scope="session")

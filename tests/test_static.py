@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.background import MYPY_RUN, mypy_run
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -27,6 +29,9 @@ def test_ruff_format_clean() -> None:
 
 
 @pytest.mark.slow
-def test_mypy_strict_clean() -> None:
-    result = _run(str(BIN / "mypy"))
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_mypy_strict_clean(request: pytest.FixtureRequest) -> None:
+    # Started when collection finished if this test was selected (tests/conftest.py): minutes of one core
+    # while most of the suite leaves the other core idle.
+    run = request.config.stash.get(MYPY_RUN, None) or mypy_run()
+    code, output = run.result()
+    assert code == 0, output

