@@ -929,13 +929,26 @@ def burst_reserve_kept(
     if c:
         known = np.fromiter(itertools.chain.from_iterable(kept), np.float64, count=3 * c).reshape(c, 3).T
         if c < n and np.array_equal(known[0], t[:c]):
-            peak = np.concatenate([known[1:], _lead_peaks(t[c:], v[:, c:], m, lead)], axis=1)
+            peak = np.concatenate([known[1:], _newest_peaks(t, v, c, m, lead)], axis=1)
         else:
             kept, c = (), 0
     if not c:
         peak = _lead_peaks(t, v, m, lead)  # [role, block]
     final_out = LeadPeaks(lead_s, _final_peaks(t, peak, m, lead, kept)) if increasing else LeadPeaks()
     return _reserve_from_peaks(v, peak, quantile, headroom, peak_quantile), final_out
+
+
+def _newest_peaks(t: np.ndarray, v: np.ndarray, c: int, m: int, lead: float) -> np.ndarray:
+    """``_lead_peaks(t, v, m, lead)[:, c:]`` for the few newest blocks (about ``m`` of them), as one dense
+    [role, block, m] window: block k's next ``m`` blocks j < n, those with t[j] − t[k] <= lead, their most
+    (NaN if one is NaN, as the sparse table's maxima), -inf where there is none."""
+    n = len(t)
+    k = np.arange(c, n)
+    ahead = k[:, None] + np.arange(1, m + 1)
+    inside = ahead < n
+    ahead = np.minimum(ahead, n - 1)
+    inside &= t[ahead] - t[k, None] <= lead
+    return np.asarray(np.where(inside, v[:, ahead], -np.inf).max(axis=2))
 
 
 def _final_peaks(

@@ -38,7 +38,9 @@ Event = tuple[float, float, str]  # (seconds since the last tick, rps, what happ
 def runs(draw: st.DrawFn) -> list[Event]:
     n = draw(st.integers(1, 400))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    steps = rng.choice([1.0, 1.0, 1.0, 1.0, 2.0, 0.5, 30.0, -7.0], size=n)
+    # mostly 1-s ticks; a late tick, a gap in the data, now and then time going back (blocks out of order:
+    # nothing is kept while that block is remembered)
+    steps = rng.choice([1.0, 2.0, 0.5, 30.0, -7.0], p=[0.9, 0.04, 0.04, 0.015, 0.005], size=n)
     # bursts over a base load, with stretches of nothing (idle pauses) and an unknown reading now and then
     rps = np.where(rng.random(n) < 0.15, 40.0, 3.0) * rng.uniform(0.5, 1.5, n)
     quiet = np.zeros(n, dtype=bool)
@@ -50,10 +52,10 @@ def runs(draw: st.DrawFn) -> list[Event]:
     return list(zip(steps.tolist(), rps.tolist(), what.tolist(), strict=True))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     runs(),
-    st.sampled_from([0.0, 3.0, 20.0, 60.0, 121.5]),
+    st.sampled_from([0.0, 3.0, 20.0, 60.0, 120.0, 121.5]),
     st.sampled_from([60.0, 300.0]),
     st.sampled_from([0.5, 0.9, 1.0]),
     st.sampled_from([None, 0.99]),
@@ -92,8 +94,8 @@ def test_kept_peaks_give_the_reserve_by_its_definition(
                 want = _reference_reserve(kept.need_blocks, lead_s, q, cfg.headroom, pq)
             assert all(_same(x, y) for x, y in zip(got, want, strict=True)), (got, want)
         rows = kept.need_peaks.rows
-        if rows:  # the peaks kept are those of the oldest blocks, by the definition, for this lead
-            assert kept.need_peaks.lead_s == lead_s
+        if rows and kept.need_peaks.lead_s == lead_s:  # (another lead's: injected, ignored until replaced)
+            # the peaks kept are those of the oldest blocks, by the definition
             assert [r[0] for r in rows] == [b[0] for b in kept.need_blocks[: len(rows)]]
             with np.errstate(invalid="ignore"):
                 ref = _reference_peaks(kept.need_blocks, lead_s)
