@@ -51,7 +51,7 @@ def _pair(a: tuple[Any, ...], final: LeadPeaks, calls: int, rounds: int) -> tupl
     full, kept = [], []
     for _ in range(rounds):
         full.append(_cpu_us(lambda: stages.burst_reserve(*a), calls))
-        kept.append(_cpu_us(lambda: stages.burst_reserve_kept(*a, final), calls))
+        kept.append(_cpu_us(lambda: stages.burst_reserve_kept(*a, final=final), calls))
     return statistics.median(full), statistics.median(kept)
 
 
