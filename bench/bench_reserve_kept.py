@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -46,12 +45,15 @@ def _cpu_us(f: Callable[[], object], calls: int) -> float:
     return (time.thread_time() - t0) / calls * 1e6
 
 
-def _pair(a: tuple[Any, ...], final: LeadPeaks, calls: int, rounds: int) -> tuple[float, float]:
+Args = tuple[tuple[tuple[float, float, float, int], ...], float, float, float, float | None]
+
+
+def _pair(a: Args, final: LeadPeaks, calls: int, rounds: int) -> tuple[float, float]:
     """Median CPU µs per call over ``rounds`` of: the reserve recomputed, the reserve with ``final`` kept."""
     full, kept = [], []
     for _ in range(rounds):
         full.append(_cpu_us(lambda: stages.burst_reserve(*a), calls))
-        kept.append(_cpu_us(lambda: stages.burst_reserve_kept(*a, final=final), calls))
+        kept.append(_cpu_us(lambda: stages.burst_reserve_kept(*a, final), calls))
     return statistics.median(full), statistics.median(kept)
 
 
@@ -75,7 +77,13 @@ def main() -> None:
             rps = 3.0 * rng.uniform(0.5, 1.5)
             *_, state, _ = stages.burst_reserve_stage(1, 1, _obs(1000.0 + i, rps), CAP, cfg_n, state)
         blocks = (*state.need_blocks, (state.need_blocks[-1][0] + stages.NEED_BLOCK_S, 0.3, 0.3, 1))
-        a = (blocks, cfg_n.provision_lead_s, cfg_n.burst_quantile, cfg_n.headroom, cfg_n.burst_peak_quantile)
+        a: Args = (
+            blocks,
+            cfg_n.provision_lead_s,
+            cfg_n.burst_quantile,
+            cfg_n.headroom,
+            cfg_n.burst_peak_quantile,
+        )
         if stages.burst_reserve(*a) != stages.burst_reserve_kept(*a, state.need_peaks)[0]:
             raise SystemExit("the kept peaks give another reserve: a bug")
         f, k = _pair(a, state.need_peaks, args.calls, args.rounds)
