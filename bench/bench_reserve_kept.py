@@ -87,7 +87,7 @@ def main() -> None:
         if stages.burst_reserve(*a) != stages.burst_reserve_kept(*a, state.need_peaks)[0]:
             raise SystemExit("the kept peaks give another reserve: a bug")
         f, k = _pair(a, state.need_peaks, args.calls, args.rounds)
-        print(f"| {len(blocks)} | {len(state.need_peaks.rows)} | {f:.0f} | {k:.0f} | {k / f:.2f} |")
+        print(f"| {len(blocks)} | {len(state.need_peaks.rows) // 40} | {f:.0f} | {k:.0f} | {k / f:.2f} |")
 
 
 if __name__ == "__main__":

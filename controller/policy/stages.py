@@ -903,39 +903,55 @@ def burst_reserve_kept(
     peak_quantile: float | None = None,
     final: LeadPeaks = LeadPeaks(),
 ) -> tuple[tuple[tuple[float, float], tuple[float, float]], LeadPeaks]:
-    """``burst_reserve``, and the lead peaks that no later block can change, to pass back in as ``final``
-    next time (``LeadPeaks``: (block_start_s, prefill peak, decode peak) of the oldest blocks,
-    ``_final_peaks``). Those in ``final`` that are still among ``blocks`` are taken as they are and only the rest are computed, so
-    the tick that opens a block computes about ``lead_s / NEED_BLOCK_S`` peaks instead of one per block of
-    the window. The result is the same as without ``final`` (the same maxima in the same order); a
-    ``final`` that does not line up with ``blocks`` (another lead, its starts not theirs, block starts not
-    increasing) is ignored. Only the newest block may have changed since ``final`` was computed, as
-    ``update_need_blocks`` changes them; whatever moves blocks otherwise drops it (``resume_history``)."""
+    """``burst_reserve``, and the blocks whose lead peaks no later block can change, to pass back in as
+    ``final`` next time (``LeadPeaks``: start, prefill and decode need, prefill and decode peak of the oldest
+    blocks, ``_final_peaks``). Those in ``final`` that are still among ``blocks`` are read as they are (one
+    buffer, no per-block work) and only the newer blocks are read and computed, so the tick that opens a block
+    computes about ``lead_s / NEED_BLOCK_S`` peaks instead of one per block of the window. The result is the
+    same as without ``final`` (the same needs and maxima in the same order); a ``final`` that does not line up
+    with ``blocks`` (another lead, its first or last start not theirs, block starts not increasing) is
+    ignored. Only the newest block may have changed since ``final`` was computed, as ``update_need_blocks``
+    changes them; whatever moves blocks otherwise drops it (``resume_history``)."""
     nan2 = (math.nan, math.nan)
     n = len(blocks)
     if n < 2 or lead_s <= 0:
         return (nan2, nan2), LeadPeaks()
-    # rows: start, prefill need, decode need (fromiter: a third of asarray's cost on an hour of blocks)
-    arr = (
+    m = max(math.ceil(lead_s / NEED_BLOCK_S), 1)
+    lead = lead_s + 1e-9
+    kept = np.frombuffer(final.rows).reshape(-1, 5) if final.rows and final.lead_s == lead_s else None
+    c = 0
+    if kept is not None:
+        kept = kept[int(np.searchsorted(kept[:, 0], blocks[0][0])) :]
+        c = len(kept)
+        if not (0 < c < n and kept[0, 0] == blocks[0][0] and kept[-1, 0] == blocks[c - 1][0]):
+            c = 0
+    arr = _block_rows(blocks[c:])
+    t, v = arr[0], arr[1:]
+    increasing = bool((t[1:] > t[:-1]).all())
+    if c and kept is not None and increasing and t[0] > kept[-1, 0]:
+        peak = np.concatenate([kept[:, 3:5].T, _newest_peaks(t, v, 0, m, lead)], axis=1)
+        t = np.concatenate([kept[:, 0], t])
+        v = np.concatenate([kept[:, 1:3].T, v], axis=1)
+    else:
+        if c:
+            arr = _block_rows(blocks)
+            t, v = arr[0], arr[1:]
+            increasing = bool((t[1:] > t[:-1]).all())
+        c = 0
+        peak = _lead_peaks(t, v, m, lead)  # [role, block]
+    kept_rows = final.rows[len(final.rows) - 40 * c :] if c else b""
+    final_out = (
+        LeadPeaks(lead_s, _final_peaks(t, v, peak, m, lead, c, kept_rows)) if increasing else LeadPeaks()
+    )
+    return _reserve_from_peaks(v, peak, quantile, headroom, peak_quantile), final_out
+
+
+def _block_rows(blocks: tuple[tuple[float, float, float, int], ...]) -> np.ndarray:
+    """Rows start, prefill need, decode need of ``blocks`` (fromiter: a third of asarray's cost)."""
+    n = len(blocks)
+    return (
         np.fromiter(itertools.chain.from_iterable(blocks), np.float64, count=4 * n).reshape(n, 4).T[:3].copy()
     )
-    m = max(math.ceil(lead_s / NEED_BLOCK_S), 1)
-    t, v = arr[0], arr[1:]
-    lead = lead_s + 1e-9
-    increasing = bool((t[1:] > t[:-1]).all())
-    rows = final.rows if increasing and final.lead_s == lead_s else ()
-    kept = rows[bisect.bisect_left(rows, t[0], key=_TIME) :] if rows else ()
-    c = len(kept)
-    if c:
-        known = np.fromiter(itertools.chain.from_iterable(kept), np.float64, count=3 * c).reshape(c, 3).T
-        if c < n and np.array_equal(known[0], t[:c]):
-            peak = np.concatenate([known[1:], _newest_peaks(t, v, c, m, lead)], axis=1)
-        else:
-            kept, c = (), 0
-    if not c:
-        peak = _lead_peaks(t, v, m, lead)  # [role, block]
-    final_out = LeadPeaks(lead_s, _final_peaks(t, peak, m, lead, kept)) if increasing else LeadPeaks()
-    return _reserve_from_peaks(v, peak, quantile, headroom, peak_quantile), final_out
 
 
 def _newest_peaks(t: np.ndarray, v: np.ndarray, c: int, m: int, lead: float) -> np.ndarray:
@@ -952,19 +968,19 @@ def _newest_peaks(t: np.ndarray, v: np.ndarray, c: int, m: int, lead: float) -> 
 
 
 def _final_peaks(
-    t: np.ndarray, peak: np.ndarray, m: int, lead: float, kept: tuple[tuple[float, float, float], ...]
-) -> tuple[tuple[float, float, float], ...]:
-    """The blocks whose lead peak no later block can change, with their peaks: block k's window is the
-    blocks k+1 .. k+m starting within ``lead`` of it, so its peak is final when the open (last) block is not
-    in it, by count (k + m < n − 1) or by time (t[n−1] − t[k] > lead; with starts increasing, every later
-    block starts later still, so it is out of the window too). ``kept``: the first of them, already known."""
+    t: np.ndarray, v: np.ndarray, peak: np.ndarray, m: int, lead: float, c: int, kept: bytes
+) -> bytes:
+    """The blocks whose lead peak no later block can change, as float64 rows (start, prefill need, decode
+    need, prefill peak, decode peak): block k's window is the blocks k+1 .. k+m starting within ``lead`` of
+    it, so its peak is final when the open (last) block is not in it, by count (k + m < n − 1) or by time
+    (t[n−1] − t[k] > lead; with starts increasing, every later block starts later still, so it is out of
+    the window too). ``kept``: the rows of the first ``c`` of them, already known."""
     n = len(t)
-    f = max(n - 1 - m, int(np.count_nonzero(t[-1] - t > lead)), len(kept))
-    c = len(kept)
+    f = max(n - 1 - m, int(np.count_nonzero(t[-1] - t > lead)), c)
     if f <= c:
         return kept
-    new = zip(t[c:f].tolist(), peak[0, c:f].tolist(), peak[1, c:f].tolist(), strict=True)
-    return (*kept, *new)
+    new = np.stack([t[c:f], v[0, c:f], v[1, c:f], peak[0, c:f], peak[1, c:f]], axis=1)
+    return kept + new.tobytes()
 
 
 def _reserve_from_peaks(

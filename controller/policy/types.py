@@ -117,11 +117,11 @@ class RoleHistory:
 @dataclass(frozen=True)
 class LeadPeaks:
     """The burst reserve's lead peaks that no later need block can change (``stages.burst_reserve_kept``):
-    (block_start_s, prefill peak, decode peak) of the oldest blocks, for the lead ``lead_s`` they were
-    computed with (another lead ignores them)."""
+    float64 rows (block_start_s, prefill need, decode need, prefill peak, decode peak) of the oldest blocks,
+    in native byte order, for the lead ``lead_s`` they were computed with (another lead ignores them)."""
 
     lead_s: float = math.nan
-    rows: tuple[tuple[float, float, float], ...] = ()
+    rows: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class PoolState:
     need_blocks: tuple[tuple[float, float, float, int], ...] = ()
     # burst reserve per role ((rise prefill, rise decode), (peak prefill, peak decode)), recomputed per block
     reserve: tuple[tuple[float, float], tuple[float, float]] = ((math.nan, math.nan), (math.nan, math.nan))
-    # (block_start_s, prefill peak, decode peak): the lead peaks of the oldest ``need_blocks`` that no later block
+    # the lead peaks (with their needs) of the oldest ``need_blocks`` that no later block
     # can change (stages.burst_reserve_kept), so a new block computes only the newest; written with the blocks
     # by stages.burst_reserve_stage, emptied where the blocks are moved (stages.resume_history)
     need_peaks: LeadPeaks = field(default_factory=lambda: LeadPeaks())

@@ -31,6 +31,11 @@ def _load(t: float, rps: float) -> PoolObservation:
     return o
 
 
+def _rows(peaks: LeadPeaks) -> list[tuple[float, ...]]:
+    """The kept rows: (start, prefill need, decode need, prefill peak, decode peak) per block."""
+    return [tuple(r) for r in np.frombuffer(peaks.rows).reshape(-1, 5).tolist()]
+
+
 Event = tuple[float, float, str]  # (seconds since the last tick, rps, what happens before the tick)
 
 
@@ -93,13 +98,13 @@ def test_kept_peaks_give_the_reserve_by_its_definition(
             with np.errstate(invalid="ignore"):
                 want = _reference_reserve(kept.need_blocks, lead_s, q, cfg.headroom, pq)
             assert all(_same(x, y) for x, y in zip(got, want, strict=True)), (got, want)
-        rows = kept.need_peaks.rows
+        rows = _rows(kept.need_peaks)
         if rows and kept.need_peaks.lead_s == lead_s:  # (another lead's: injected, ignored until replaced)
-            # the peaks kept are those of the oldest blocks, by the definition
-            assert [r[0] for r in rows] == [b[0] for b in kept.need_blocks[: len(rows)]]
+            # the rows kept are the oldest blocks' starts and needs, and their peaks by the definition
+            assert [r[:3] for r in rows] == [b[:3] for b in kept.need_blocks[: len(rows)]]
             with np.errstate(invalid="ignore"):
                 ref = _reference_peaks(kept.need_blocks, lead_s)
-            assert all(_same(r[i + 1], float(ref[i][k])) for k, r in enumerate(rows) for i in (0, 1)), rows
+            assert all(_same(r[i + 3], float(ref[i][k])) for k, r in enumerate(rows) for i in (0, 1)), rows
 
 
 def test_peaks_are_kept_only_where_no_later_block_can_change_them() -> None:
@@ -108,15 +113,15 @@ def test_peaks_are_kept_only_where_no_later_block_can_change_them() -> None:
     blocks = tuple((i * BLOCK, float(i), 1.0, 5) for i in range(10))
     _, final = stages.burst_reserve_kept(blocks, 10.0, 0.9)
     assert final.lead_s == 10.0
-    assert [r[0] for r in final.rows] == [i * BLOCK for i in range(7)]
-    assert [r[1] for r in final.rows] == [float(i + 2) for i in range(7)]  # the most of the next two
+    assert [r[0] for r in _rows(final)] == [i * BLOCK for i in range(7)]
+    assert [r[3] for r in _rows(final)] == [float(i + 2) for i in range(7)]  # the most of the next two
 
 
 def test_a_gap_makes_the_blocks_before_it_final() -> None:
     """A block 200 s after the others is beyond every earlier block's lead: all of those are final."""
     blocks = (*((i * BLOCK, float(i), 1.0, 5) for i in range(4)), (215.0, 9.0, 1.0, 1))
     _, final = stages.burst_reserve_kept(blocks, 20.0, 0.9)
-    assert [r[0] for r in final.rows] == [0.0, 5.0, 10.0, 15.0]
+    assert [r[0] for r in _rows(final)] == [0.0, 5.0, 10.0, 15.0]
 
 
 def test_blocks_out_of_order_keep_nothing() -> None:
