@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from controller.config import PolicyConfig
-from controller.policy.types import PoolCapacity, PoolObservation, PoolState, RoleHistory
+from controller.policy.types import LeadPeaks, PoolCapacity, PoolObservation, PoolState, RoleHistory
 
 MAX_NEED = 1e9  # instances; larger demand is clipped here (min/max clamp it far lower anyway)
 
@@ -891,17 +891,103 @@ def burst_reserve(
     needed more than that. Windows cut short by the present count with what they have seen (a lower bound),
     so the estimate exists from the second block on. NaN per role when there is no pair yet.
     """
+    reserve, _ = burst_reserve_kept(blocks, lead_s, quantile, headroom, peak_quantile)
+    return reserve
+
+
+def burst_reserve_kept(
+    blocks: tuple[tuple[float, float, float, int], ...],
+    lead_s: float,
+    quantile: float,
+    headroom: float = 0.0,
+    peak_quantile: float | None = None,
+    final: LeadPeaks = LeadPeaks(),
+) -> tuple[tuple[tuple[float, float], tuple[float, float]], LeadPeaks]:
+    """``burst_reserve``, and the blocks whose lead peaks no later block can change, to pass back in as
+    ``final`` next time (``LeadPeaks``: start, prefill and decode need, prefill and decode peak of the oldest
+    blocks, ``_final_peaks``). Those in ``final`` that are still among ``blocks`` are read as they are (one
+    buffer, no per-block work) and only the newer blocks are read and computed, so the tick that opens a block
+    computes about ``lead_s / NEED_BLOCK_S`` peaks instead of one per block of the window. The result is the
+    same as without ``final`` (the same needs and maxima in the same order); a ``final`` that does not line up
+    with ``blocks`` (another lead, its first or last start not theirs, block starts not increasing) is
+    ignored. Only the newest block may have changed since ``final`` was computed, as ``update_need_blocks``
+    changes them; whatever moves blocks otherwise drops it (``resume_history``)."""
     nan2 = (math.nan, math.nan)
     n = len(blocks)
     if n < 2 or lead_s <= 0:
-        return nan2, nan2
-    # rows: start, prefill need, decode need (fromiter: a third of asarray's cost on an hour of blocks)
-    arr = (
+        return (nan2, nan2), LeadPeaks()
+    m = max(math.ceil(lead_s / NEED_BLOCK_S), 1)
+    lead = lead_s + 1e-9
+    kept = np.frombuffer(final.rows).reshape(-1, 5) if final.rows and final.lead_s == lead_s else None
+    c = 0
+    if kept is not None:
+        kept = kept[int(np.searchsorted(kept[:, 0], blocks[0][0])) :]
+        c = len(kept)
+        if not (0 < c < n and kept[0, 0] == blocks[0][0] and kept[-1, 0] == blocks[c - 1][0]):
+            c = 0
+    arr = _block_rows(blocks[c:])
+    t, v = arr[0], arr[1:]
+    increasing = bool((t[1:] > t[:-1]).all())
+    if c and kept is not None and increasing and t[0] > kept[-1, 0]:
+        peak = np.concatenate([kept[:, 3:5].T, _newest_peaks(t, v, 0, m, lead)], axis=1)
+        t = np.concatenate([kept[:, 0], t])
+        v = np.concatenate([kept[:, 1:3].T, v], axis=1)
+    else:
+        if c:
+            arr = _block_rows(blocks)
+            t, v = arr[0], arr[1:]
+            increasing = bool((t[1:] > t[:-1]).all())
+        c = 0
+        peak = _lead_peaks(t, v, m, lead)  # [role, block]
+    kept_rows = final.rows[len(final.rows) - 40 * c :] if c else b""
+    final_out = (
+        LeadPeaks(lead_s, _final_peaks(t, v, peak, m, lead, c, kept_rows)) if increasing else LeadPeaks()
+    )
+    return _reserve_from_peaks(v, peak, quantile, headroom, peak_quantile), final_out
+
+
+def _block_rows(blocks: tuple[tuple[float, float, float, int], ...]) -> np.ndarray:
+    """Rows start, prefill need, decode need of ``blocks`` (fromiter: a third of asarray's cost)."""
+    n = len(blocks)
+    return (
         np.fromiter(itertools.chain.from_iterable(blocks), np.float64, count=4 * n).reshape(n, 4).T[:3].copy()
     )
-    m = max(math.ceil(lead_s / NEED_BLOCK_S), 1)
-    t, v = arr[0], arr[1:]
-    peak = _lead_peaks(t, v, m, lead_s + 1e-9)  # [role, block]
+
+
+def _newest_peaks(t: np.ndarray, v: np.ndarray, c: int, m: int, lead: float) -> np.ndarray:
+    """``_lead_peaks(t, v, m, lead)[:, c:]`` for the few newest blocks (about ``m`` of them), as one dense
+    [role, block, m] window: block k's next ``m`` blocks j < n, those with t[j] − t[k] <= lead, their most
+    (NaN if one is NaN, as the sparse table's maxima), -inf where there is none."""
+    n = len(t)
+    k = np.arange(c, n)
+    ahead = k[:, None] + np.arange(1, m + 1)
+    inside = ahead < n
+    ahead = np.minimum(ahead, n - 1)
+    inside &= t[ahead] - t[k, None] <= lead
+    return np.asarray(np.where(inside, v[:, ahead], -np.inf).max(axis=2))
+
+
+def _final_peaks(
+    t: np.ndarray, v: np.ndarray, peak: np.ndarray, m: int, lead: float, c: int, kept: bytes
+) -> bytes:
+    """The blocks whose lead peak no later block can change, as float64 rows (start, prefill need, decode
+    need, prefill peak, decode peak): block k's window is the blocks k+1 .. k+m starting within ``lead`` of
+    it, so its peak is final when the open (last) block is not in it, by count (k + m < n − 1) or by time
+    (t[n−1] − t[k] > lead; with starts increasing, every later block starts later still, so it is out of
+    the window too). ``kept``: the rows of the first ``c`` of them, already known."""
+    n = len(t)
+    f = max(n - 1 - m, int(np.count_nonzero(t[-1] - t > lead)), c)
+    if f <= c:
+        return kept
+    new = np.stack([t[c:f], v[0, c:f], v[1, c:f], peak[0, c:f], peak[1, c:f]], axis=1)
+    return kept + new.tobytes()
+
+
+def _reserve_from_peaks(
+    v: np.ndarray, peak: np.ndarray, quantile: float, headroom: float, peak_quantile: float | None
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """``burst_reserve``'s quantiles of the rises and peaks, from the needs ``v`` and lead peaks [role, block]."""
+    nan2 = (math.nan, math.nan)
     ok = np.isfinite(peak)
     if not (ok[0].any() and ok[1].any()):
         return nan2, nan2
@@ -1055,11 +1141,12 @@ def burst_reserve_stage(
         return prefill, decode, (0, 0), replace(state, need_blocks=blocks), ()
     level = trailing_need(blocks) if cfg.burst_reserve_level == "block" else now_need
     rise, peak = state.reserve
+    final = state.need_peaks
     if opened or (math.isnan(rise[0]) and len(blocks) >= 2):
-        rise, peak = burst_reserve(
-            blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom, cfg.burst_peak_quantile
+        (rise, peak), final = burst_reserve_kept(
+            blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom, cfg.burst_peak_quantile, final
         )
-    state = replace(state, need_blocks=blocks, reserve=(rise, peak))
+    state = replace(state, need_blocks=blocks, reserve=(rise, peak), need_peaks=final)
     if not all(_known(x) for x in (*level, *rise, *peak)):
         return prefill, decode, (0, 0), state, ()
     peak_h = (cfg.burst_peak_headroom != "none", cfg.burst_peak_headroom == "both")
@@ -1127,7 +1214,7 @@ def resume_history(state: PoolState, now_s: float) -> PoolState:
     moved = tuple((t + shift, p, d, n) for t, p, d, n in blocks)
     runs = tuple((a + shift, b + shift) for a, b in state.burst_runs)
     pauses = (*tuple(t + shift for t in state.pauses if t + shift >= moved[0][0]), start)
-    return replace(state, need_blocks=moved, burst_runs=runs, pauses=pauses)
+    return replace(state, need_blocks=moved, burst_runs=runs, pauses=pauses, need_peaks=LeadPeaks())
 
 
 def smooth_load(obs: PoolObservation, state: PoolState, window_s: float) -> tuple[PoolObservation, PoolState]:

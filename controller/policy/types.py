@@ -115,6 +115,16 @@ class RoleHistory:
 
 
 @dataclass(frozen=True)
+class LeadPeaks:
+    """The burst reserve's lead peaks that no later need block can change (``stages.burst_reserve_kept``):
+    float64 rows (block_start_s, prefill need, decode need, prefill peak, decode peak) of the oldest blocks,
+    in native byte order, for the lead ``lead_s`` they were computed with (another lead ignores them)."""
+
+    lead_s: float = math.nan
+    rows: bytes = b""
+
+
+@dataclass(frozen=True)
 class PoolState:
     """Everything the policy remembers about one pool between ticks (passed in and returned)."""
 
@@ -131,6 +141,10 @@ class PoolState:
     need_blocks: tuple[tuple[float, float, float, int], ...] = ()
     # burst reserve per role ((rise prefill, rise decode), (peak prefill, peak decode)), recomputed per block
     reserve: tuple[tuple[float, float], tuple[float, float]] = ((math.nan, math.nan), (math.nan, math.nan))
+    # the lead peaks (with their needs) of the oldest ``need_blocks`` that no later block
+    # can change (stages.burst_reserve_kept), so a new block computes only the newest; written with the blocks
+    # by stages.burst_reserve_stage, emptied where the blocks are moved (stages.resume_history)
+    need_peaks: LeadPeaks = field(default_factory=lambda: LeadPeaks())
     # (time_s, arrival_rps, prompt_tps, gen_tps) over the last ``load_smoothing_s`` (stages.smooth_load)
     load_recent: tuple[tuple[float, float, float, float], ...] = ()
     queue_since_s: float = math.nan  # when the current unbroken queue began (NaN = no queue)

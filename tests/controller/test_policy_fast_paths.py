@@ -22,15 +22,10 @@ def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
-def _reference_reserve(
-    blocks: tuple[tuple[float, float, float, int], ...], lead_s: float, q: float, h: float, pq: float | None
-) -> tuple[float, ...]:
-    """``burst_reserve`` by its definition: per block, the most of each role's need over the next
-    ceil(lead / block) blocks starting within the lead; rises beyond headroom; numpy's quantiles."""
+def _reference_peaks(blocks: tuple[tuple[float, float, float, int], ...], lead_s: float) -> list[np.ndarray]:
+    """Per role, per block: the most of the role's need over the next ceil(lead / block) blocks starting
+    within the lead (-inf where there is none)."""
     n, m = len(blocks), max(math.ceil(lead_s / stages.NEED_BLOCK_S), 1)
-    if n < 2 or lead_s <= 0:
-        return (math.nan,) * 4
-    out: list[float] = []
     peaks_by_role = []
     for col in (1, 2):
         peaks = []
@@ -39,7 +34,18 @@ def _reference_reserve(
                      if blocks[j][0] - blocks[k][0] <= lead_s + 1e-9]  # fmt: skip
             peaks.append(float(np.max(ahead)) if ahead else -math.inf)
         peaks_by_role.append(np.array(peaks))
-    for col, peak in zip((1, 2), peaks_by_role, strict=True):
+    return peaks_by_role
+
+
+def _reference_reserve(
+    blocks: tuple[tuple[float, float, float, int], ...], lead_s: float, q: float, h: float, pq: float | None
+) -> tuple[float, ...]:
+    """``burst_reserve`` by its definition: per block, the lead peaks (``_reference_peaks``); rises beyond
+    headroom; numpy's quantiles."""
+    if len(blocks) < 2 or lead_s <= 0:
+        return (math.nan,) * 4
+    out: list[float] = []
+    for col, peak in zip((1, 2), _reference_peaks(blocks, lead_s), strict=True):
         ok = np.isfinite(peak)
         if not ok.any():
             return (math.nan,) * 4
