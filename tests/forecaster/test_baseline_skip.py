@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,14 +24,6 @@ from forecaster.streaming import LearnedForecaster
 from forecaster.types import CHANNELS, TARGETS
 
 T0_S = 1.7e9
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _net(halflives: tuple[float, ...] = (2.0, 7.0), window: int = 5, seed: int = 0) -> LstmAttentionNet:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +24,6 @@ from forecaster.types import CHANNELS, TARGETS
 DATA = Path(__file__).parent / "data"
 GOLDEN_CKPT = DATA / "golden_tiny.safetensors"
 GOLDEN_OUT = DATA / "golden_tiny.json"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny tensors: extra threads only add contention on the shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _tiny_net(seed: int = 0, hidden: int = 8) -> LstmAttentionNet:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +31,6 @@ from forecaster.types import CHANNELS, TARGETS
 
 T0_S = 1.7e9
 SHIPPED = Path(__file__).resolve().parents[2] / "forecaster" / "checkpoints" / "default.safetensors"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _series(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -11,15 +9,6 @@ import torch
 from forecaster.features import DEFAULT_SCHEMA, Normalizer, encode_inputs
 from forecaster.network import LstmAttentionNet, NetConfig, burst_bce, decode_quantiles, pinball_loss
 from forecaster.types import CHANNELS
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny tensors: extra threads only add contention on the shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _net(window: int = 5, seed: int = 0, **kw: int) -> LstmAttentionNet:

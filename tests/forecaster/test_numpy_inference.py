@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -44,15 +43,6 @@ FIELDS = (
     "gen_tokens_p90",
     "burst_prob",
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny tensors: extra threads only add contention on the shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _config(window: int, layers: int, heads: int, skip: bool, quantiles: tuple[float, ...]) -> NetConfig:

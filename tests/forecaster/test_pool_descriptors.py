@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,14 +30,6 @@ from forecaster.types import CHANNELS, TARGETS
 
 T0_S = 1.7e9
 A, P, G = (CHANNELS.index(c) for c in ("arrival_rps", "prompt_tps", "gen_tps"))
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _series(n: int, t: int, seed: int, *, drop: float = 0.2) -> tuple[np.ndarray, np.ndarray]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,15 +18,6 @@ from forecaster.types import CHANNELS, TARGETS, Forecaster
 
 WINDOW = 6
 T0_S = 1.7e9
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny tensors: extra threads only add contention on the shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _setup(n: int = 3, t: int = 25, seed: int = 0) -> tuple[LearnedForecaster, np.ndarray, np.ndarray]:
