@@ -247,11 +247,12 @@ class LengthTracker:
         if math.isfinite(load.gen_tps):
             floor = mode != "off" and (capped or self.warming)
             self.gen_ewma = ewma(self.gen_ewma, load.gen_tps)
-            if ratio == "smoothed":
-                new = self.gen_ewma / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
-            else:
-                gen_per_arrival = ewma(self.output_ewma * self.arrivals_ewma, load.gen_tps)
-                new = gen_per_arrival / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
+            gen = (
+                self.gen_ewma
+                if ratio == "smoothed"
+                else ewma(self.output_ewma * self.arrivals_ewma, load.gen_tps)
+            )
+            new = gen / self.arrivals_ewma if self.arrivals_ewma > 0 else math.nan
             self.output_ewma = (
                 max(self.output_ewma, new) if floor and math.isfinite(self.output_ewma) else new
             )

@@ -22,7 +22,7 @@ import json
 import math
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,12 +48,11 @@ class CheckpointError(Exception):
 
 
 @dataclass(frozen=True, eq=False)
-class CheckpointData:
-    """A checked checkpoint without torch: ``weights`` are float32 numpy arrays named as in the network's
-    ``state_dict``, their shapes those ``net_config`` implies (:func:`forecaster.netconfig.parameter_shapes`)."""
+class CheckpointInfo:
+    """What a checked checkpoint says besides its weights (shared by :class:`CheckpointData` and
+    :class:`LoadedCheckpoint`)."""
 
     path: Path
-    weights: dict[str, np.ndarray]
     schema: FeatureSchema
     normalizer: Normalizer
     horizon_s: float
@@ -64,18 +63,18 @@ class CheckpointData:
 
 
 @dataclass(frozen=True, eq=False)
-class LoadedCheckpoint:
+class CheckpointData(CheckpointInfo):
+    """A checked checkpoint without torch: ``weights`` are float32 numpy arrays named as in the network's
+    ``state_dict``, their shapes those ``net_config`` implies (:func:`forecaster.netconfig.parameter_shapes`)."""
+
+    weights: dict[str, np.ndarray] = field(kw_only=True)
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedCheckpoint(CheckpointInfo):
     """A checkpoint ready for inference: ``net`` is in eval mode, float32, on the CPU."""
 
-    path: Path
-    net: LstmAttentionNet
-    schema: FeatureSchema
-    normalizer: Normalizer
-    horizon_s: float
-    net_config: NetConfig
-    model_version: str
-    meta: dict[str, Any] = field(default_factory=dict)
-    code_version: dict[str, Any] = field(default_factory=dict)
+    net: LstmAttentionNet = field(kw_only=True)
 
 
 def code_version() -> dict[str, Any]:
@@ -270,14 +269,5 @@ def load_checkpoint(path: str | Path, expect_schema: FeatureSchema | None = None
     net = LstmAttentionNet.from_config(data.net_config)
     net.load_state_dict({k: torch.from_numpy(v) for k, v in data.weights.items()}, strict=True)
     net.eval()
-    return LoadedCheckpoint(
-        path=data.path,
-        net=net,
-        schema=data.schema,
-        normalizer=data.normalizer,
-        horizon_s=data.horizon_s,
-        net_config=data.net_config,
-        model_version=data.model_version,
-        meta=data.meta,
-        code_version=data.code_version,
-    )
+    info = {f.name: getattr(data, f.name) for f in fields(CheckpointInfo)}
+    return LoadedCheckpoint(net=net, **info)
