@@ -63,6 +63,17 @@ def _synthetic_fn() -> Any:
     return bursty_synthetic
 
 
+# fit and tune read Prometheus the same way (one definition of the option they share)
+RoleLabelOption = Annotated[
+    str,
+    typer.Option(
+        "--role-label",
+        help="Prometheus label holding prefill/decode/mixed (as the controller's label_map.role); each "
+        "channel counts the roles the controller counts; a series without it is a mixed instance.",
+    ),
+]
+
+
 def _load_sources(
     trace: list[Path] | None,
     fmt: str | None,
@@ -73,6 +84,7 @@ def _load_sources(
     end: str | None,
     node_label: str,
     query_timeout_s: float,
+    role_label: str = "role",
 ) -> tuple[list[TraceSource], list[FrameSource]]:
     """Read the ``--trace`` files and the ``--prometheus`` history: ``(TraceSource list, FrameSource list)``.
 
@@ -109,6 +121,7 @@ def _load_sources(
             range_s=range_s,
             step_s=step_s,
             node_label=node_label,
+            role_label=role_label,
             timeout_s=query_timeout_s,
             progress=lambda m: console.print(f"[dim]query[/] {m}"),
         )
@@ -151,6 +164,7 @@ def fit_cmd(
     node_label: Annotated[
         str, typer.Option("--node-label", help="Prometheus label that names a node.")
     ] = "node",
+    role_label: RoleLabelOption = "role",
     query_timeout_s: Annotated[
         float, typer.Option("--query-timeout-s", help="Timeout of each range query chunk.")
     ] = 60.0,
@@ -320,7 +334,7 @@ def fit_cmd(
         )
     sources, frames = _load_sources(
         trace, fmt, prometheus, range_=range_, step=step, end=end, node_label=node_label,
-        query_timeout_s=query_timeout_s,
+        query_timeout_s=query_timeout_s, role_label=role_label,
     )  # fmt: skip
     labels = LabelConfig(
         horizon_s=horizon_s,
@@ -492,6 +506,7 @@ def tune_cmd(
     node_label: Annotated[
         str, typer.Option("--node-label", help="Prometheus label that names a node.")
     ] = "node",
+    role_label: RoleLabelOption = "role",
     query_timeout_s: Annotated[float, typer.Option("--query-timeout-s")] = 60.0,
     trials: Annotated[int, typer.Option(help="Trials this process runs (others may join the study).")] = 20,
     storage: Annotated[
@@ -656,7 +671,7 @@ def tune_cmd(
         raise typer.Exit(2) from e
     sources, frames = _load_sources(
         trace, fmt, prometheus, range_=range_, step=step, end=end, node_label=node_label,
-        query_timeout_s=query_timeout_s,
+        query_timeout_s=query_timeout_s, role_label=role_label,
     )  # fmt: skip
     labels = LabelConfig(horizon_s=horizon_s, holdout_frac=holdout_frac, val_frac=val_frac)
     series = build_series(

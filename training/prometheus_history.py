@@ -4,12 +4,20 @@ What it reads, per node (the node is the value of ``node_label`` on each series)
 
 | channel | from | how |
 |---|---|---|
-| ``arrival_rps`` | ``pdscale:router_requests_total`` | increase per step / step (vLLM has no arrivals counter) |
-| ``prompt_tps`` | ``vllm:prompt_tokens_total`` | increase per step / step |
+| ``arrival_rps`` | ``pdscale:router_requests_total``, not decode | increase per step / step (vLLM has no arrivals counter) |
+| ``prompt_tps`` | ``vllm:prompt_tokens_total``, not decode | increase per step / step |
 | ``gen_tps`` | ``vllm:generation_tokens_total`` | increase per step / step |
-| ``running``, ``waiting`` | ``vllm:num_requests_running`` / ``_waiting`` | sum over the node's series |
-| ``kv_usage`` | ``vllm:kv_cache_usage_perc`` (older vLLM: ``gpu_cache_usage_perc``) | mean over the node's series |
+| ``running`` | ``vllm:num_requests_running``, not prefill | sum over the node's series |
+| ``waiting`` | ``vllm:num_requests_waiting``, not decode | sum over the node's series |
+| ``kv_usage`` | ``vllm:kv_cache_usage_perc`` (older vLLM: ``gpu_cache_usage_perc``), not prefill | mean over the node's series |
 | ``ttft_p50_s`` ... ``itl_p90_s`` | ``..._seconds_bucket`` histograms | ``histogram_quantile`` over ``rate[4 steps]`` |
+
+Each channel counts the roles the controller counts (``controller.sources.prometheus.channel_queries`` and
+``PoolLoad``), so a model trained here sees what the controller will feed it: "not decode" / "not prefill" are
+matchers on ``role_label`` (default ``role``). A series without that label is a mixed instance and counts
+everywhere. Without them a P/D node would count each prompt twice (the decode server counts it too), add the
+decode servers' waiting requests (already prefilled, waiting for a slot) to the prefill queue and a prefill
+server's running requests (prefilling) to the sequences decoding.
 
 Both spellings of vLLM names are read (``vllm:x`` from Prometheus 3 or text-format scrapes, ``vllm_x`` from
 Prometheus 2 scraping OpenMetrics): ``{__name__=~"vllm[:_]x"}``. Where a node has both, the spelling with
@@ -72,13 +80,15 @@ class ChannelQuery:
     kind: str  # "counter" (difference per series, then sum), "gauge_sum", "gauge_mean", "direct"
 
 
-def _name_re(name: str) -> str:
-    return f'{{__name__=~"vllm[:_]{name}"}}'
+def _name_re(name: str, *matchers: str) -> str:
+    return "{" + ",".join([f'__name__=~"vllm[:_]{name}"', *matchers]) + "}"
 
 
-def default_queries(node_label: str, step_s: float) -> tuple[ChannelQuery, ...]:
-    """The channel queries listed in this module's docstring, grouped by ``node_label``."""
+def default_queries(node_label: str, step_s: float, role_label: str = "role") -> tuple[ChannelQuery, ...]:
+    """The channel queries listed in this module's docstring, grouped by ``node_label``; roles by ``role_label``."""
     window = f"{max(4.0 * step_s, 4.0):g}s"
+    not_decode = f'{role_label}!="decode"'
+    not_prefill = f'{role_label}!="prefill"'
 
     def quantile(q: float, hist: str) -> str:
         return (
@@ -87,12 +97,14 @@ def default_queries(node_label: str, step_s: float) -> tuple[ChannelQuery, ...]:
         )
 
     return (
-        ChannelQuery("arrival_rps", '{__name__=~"pdscale[:_]router_requests_total"}', "counter"),
-        ChannelQuery("prompt_tps", _name_re("prompt_tokens_total"), "counter"),
+        ChannelQuery(
+            "arrival_rps", f'{{__name__=~"pdscale[:_]router_requests_total",{not_decode}}}', "counter"
+        ),
+        ChannelQuery("prompt_tps", _name_re("prompt_tokens_total", not_decode), "counter"),
         ChannelQuery("gen_tps", _name_re("generation_tokens_total"), "counter"),
-        ChannelQuery("running", _name_re("num_requests_running"), "gauge_sum"),
-        ChannelQuery("waiting", _name_re("num_requests_waiting"), "gauge_sum"),
-        ChannelQuery("kv_usage", _name_re("(kv|gpu)_cache_usage_perc"), "gauge_mean"),
+        ChannelQuery("running", _name_re("num_requests_running", not_prefill), "gauge_sum"),
+        ChannelQuery("waiting", _name_re("num_requests_waiting", not_decode), "gauge_sum"),
+        ChannelQuery("kv_usage", _name_re("(kv|gpu)_cache_usage_perc", not_prefill), "gauge_mean"),
         ChannelQuery("ttft_p50_s", quantile(0.5, "time_to_first_token_seconds"), "direct"),
         ChannelQuery("ttft_p90_s", quantile(0.9, "time_to_first_token_seconds"), "direct"),
         ChannelQuery("itl_p50_s", quantile(0.5, "inter_token_latency_seconds"), "direct"),
@@ -184,6 +196,7 @@ def load_prometheus_history(
     range_s: float,
     step_s: float = 1.0,
     node_label: str = "node",
+    role_label: str = "role",
     timeout_s: float = 60.0,
     max_points: int = MAX_POINTS_PER_QUERY,
     queries: Sequence[ChannelQuery] | None = None,
@@ -197,7 +210,7 @@ def load_prometheus_history(
     start_s = float(np.floor(end_s - range_s + step_s))
     n_steps = int(np.floor((end_s - start_s) / step_s + 1e-9)) + 1
     per_channel: dict[str, dict[str, np.ndarray]] = {}
-    for q in queries if queries is not None else default_queries(node_label, step_s):
+    for q in queries if queries is not None else default_queries(node_label, step_s, role_label):
         if q.channel not in CHANNELS:
             raise ValueError(f"query for unknown channel {q.channel!r}; channels are {CHANNELS}")
         if progress is not None:

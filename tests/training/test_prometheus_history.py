@@ -154,3 +154,45 @@ def test_history_from_a_real_prometheus(prometheus_bin: str, tmp_path: Path) -> 
         assert np.isnan(got[arr, 0])
         # nothing was exported for latencies: unknown, never zero
         assert np.isnan(got[CHANNELS.index("ttft_p90_s")]).all()
+
+
+@pytest.mark.prometheus
+def test_history_counts_each_role_as_the_controller_does(prometheus_bin: str, tmp_path: Path) -> None:
+    """A P/D node: prompts counted once (not again on the decode server), the prefill queue without the decode
+    server's waiting, running and KV usage from the decode server only; an unlabelled (mixed) node counts all."""
+    range_s = 600
+    ts = END_S - range_s + 1 + np.arange(range_s, dtype=np.float64)
+    counts = np.random.default_rng(1).poisson(4.0, range_s).astype(np.float64)
+    const = np.ones(range_s)
+    pre = {"node": "pd", "instance": "pd:8000", "role": "prefill"}
+    dec = {"node": "pd", "instance": "pd:8001", "role": "decode"}
+    mixed = {"node": "m", "instance": "m:8000"}
+    series = [
+        Series("pdscale:router_requests_total", pre, ts, np.cumsum(counts)),
+        Series("vllm:prompt_tokens_total", pre, ts, np.cumsum(counts * 100)),
+        Series("vllm:prompt_tokens_total", dec, ts, np.cumsum(counts * 100)),  # the decode side counts it too
+        Series("vllm:generation_tokens_total", dec, ts, np.cumsum(counts * 10)),
+        Series("vllm:num_requests_running", pre, ts, 9 * const),  # prefilling, not decoding
+        Series("vllm:num_requests_running", dec, ts, 5 * const),
+        Series("vllm:num_requests_waiting", pre, ts, 3 * const),
+        Series("vllm:num_requests_waiting", dec, ts, 4 * const),  # prefilled, waiting for a decode slot
+        Series("vllm:kv_cache_usage_perc", pre, ts, 0.9 * const),
+        Series("vllm:kv_cache_usage_perc", dec, ts, 0.5 * const),
+        Series("vllm:num_requests_running", mixed, ts, 2 * const),
+        Series("vllm:num_requests_waiting", mixed, ts, 7 * const),
+    ]
+    data = backfill_openmetrics(series, tmp_path / "tsdb")
+    with PrometheusServer(prometheus_bin, data_dir=data, retention="10y") as prom:
+        client = connect(prom.url, timeout_s=30.0)
+        frame = load_prometheus_history(client, end_s=END_S, range_s=range_s, step_s=1.0, node_label="node")
+    assert frame.node_ids == ("m", "pd")
+    pd = dict(zip(CHANNELS, frame.values[frame.node_ids.index("pd")], strict=True))
+    np.testing.assert_array_equal(pd["arrival_rps"][1:], counts[1:])
+    np.testing.assert_array_equal(pd["prompt_tps"][1:], counts[1:] * 100)
+    np.testing.assert_array_equal(pd["gen_tps"][1:], counts[1:] * 10)
+    np.testing.assert_array_equal(pd["running"], 5 * const)
+    np.testing.assert_array_equal(pd["waiting"], 3 * const)
+    np.testing.assert_allclose(pd["kv_usage"], 0.5)
+    m = dict(zip(CHANNELS, frame.values[frame.node_ids.index("m")], strict=True))
+    np.testing.assert_array_equal(m["running"], 2 * const)
+    np.testing.assert_array_equal(m["waiting"], 7 * const)
