@@ -60,7 +60,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -495,11 +495,16 @@ class PoolManager:
         self._wake.set()
         with self._lock:
             errors: list[str] = []
-            for member in list(self._members.values()):
-                try:
-                    member.instance.stop(self.settings.stop_timeout_s)
-                except RuntimeError as err:
+            members = list(self._members.values())
+            # every group at once: each stop is SIGTERM then a wait of up to stop_timeout_s
+            with ThreadPoolExecutor(max_workers=max(1, len(members))) as pool:
+                stops = [pool.submit(m.instance.stop, self.settings.stop_timeout_s) for m in members]
+            for stop in stops:  # every failure is reported; none stops the rest of the teardown
+                err = stop.exception()
+                if isinstance(err, RuntimeError):
                     errors.append(str(err))
+                elif err is not None:
+                    errors.append(f"{type(err).__name__}: {err}")
             self._members.clear()
             if self._router is not None:
                 self._router.stop()
