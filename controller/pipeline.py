@@ -404,6 +404,10 @@ class Pipeline:
         self.last_tick_s = math.nan
         self._seen: set[str] = set()  # every instance id scraped so far
         self._previous: set[str] = set()  # the instance ids of the previous scrape
+        self._previous_ids: tuple[str, ...] | None = None  # the same, in its order
+        # each pool's instance ids in the scrape of these (instance ids, pools): an unchanged fleet's are kept
+        self._members_of: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._members: dict[str, frozenset[str]] = {}
         # mixed-node pools: each role's own last target before the node conversion (``_mixed_nodes``)
         self._role_targets: dict[str, dict[str, int]] = {}
         forecaster.reset(names)
@@ -504,14 +508,17 @@ class Pipeline:
         return out
 
     def _vanished(self, samples: InstanceSamples) -> dict[str, set[str]]:
-        now: dict[str, set[str]] = {p: set() for p in self.tracks}
-        for iid, pool in zip(samples.instance_ids, samples.pools, strict=True):
-            if pool in now:
-                now[pool].add(iid)
+        key = (tuple(samples.instance_ids), tuple(samples.pools))
+        if key != self._members_of:  # the fleet changed (or the first scrape): group its ids by pool again
+            now: dict[str, set[str]] = {p: set() for p in self.tracks}
+            for iid, pool in zip(samples.instance_ids, samples.pools, strict=True):
+                if pool in now:
+                    now[pool].add(iid)
+            self._members_of, self._members = key, {p: frozenset(ids) for p, ids in now.items()}
         out = {}
         for name, track in self.tracks.items():
-            gone = set(track.instances) - now[name]
-            track.instances = frozenset(now[name])
+            gone = set(track.instances - self._members[name])
+            track.instances = self._members[name]
             if gone and self.guard_vanished:
                 out[name] = gone
         return out
@@ -525,9 +532,12 @@ class Pipeline:
         the next tick differences from proper values again.
         """
         ids = samples.instance_ids
+        if tuple(ids) == self._previous_ids:  # the previous scrape's instances: none comes back
+            return samples, {}
         back_rows = [i for i, iid in enumerate(ids) if iid in self._seen and iid not in self._previous]
         self._seen.update(ids)
         self._previous = set(ids)
+        self._previous_ids = tuple(ids)
         if not self.guard_vanished or not back_rows:
             return samples, {}
         counters = {}
