@@ -452,6 +452,7 @@ class Pipeline:
             self.tracks[name].burst.update(load.arrival_rps, dt)
         forecasts, error = self._forecast(loads, now_s)
         decisions = {}
+        capacities = {}  # the capacity each pool decided with: the budget reads the same
         for name, track in self.tracks.items():
             obs = self._observation(track, loads[name], counts[name], now_s, forecasts[name])
             notes: list[str] = []
@@ -465,6 +466,7 @@ class Pipeline:
             if error is not None:
                 notes.append(f"forecast skipped ({error}); measured load only")
             ctx = self._context(track, obs)
+            capacities[name] = ctx.capacity
             track.previous_state = track.state
             plan, track.state = decide(ctx, track.state)
             if plan is None:
@@ -475,7 +477,7 @@ class Pipeline:
             gone = tuple(sorted(vanished.get(name, ())))
             decisions[name] = PoolDecision(name, plan, obs, loads[name], forecasts[name], reasons, gone)
         if self.budget is not None:
-            decisions = self._budget(decisions, counts, now_s)
+            decisions = self._budget(decisions, counts, capacities, now_s)
         decisions = self._mixed_nodes(decisions)
         return TickResult(now_s, decisions, self.forecaster.name, error)
 
@@ -591,7 +593,11 @@ class Pipeline:
         )
 
     def _budget(
-        self, decisions: dict[str, PoolDecision], counts: Mapping[str, PoolCounts], now_s: float
+        self,
+        decisions: dict[str, PoolDecision],
+        counts: Mapping[str, PoolCounts],
+        capacities: Mapping[str, PoolCapacity],
+        now_s: float,
     ) -> dict[str, PoolDecision]:
         """Fit the plans into what the budget leaves after the pools held at their current scale."""
         assert self.budget is not None
@@ -602,7 +608,7 @@ class Pipeline:
             inputs[name] = BudgetInput(
                 plan=d.plan,
                 observation=d.observation,
-                capacity=self._context(track, d.observation).capacity,
+                capacity=capacities[name],
                 slo_ttft_ms=track.setup.spec.slo_ttft_ms,
                 counts=counts[name],
                 floor=(cfg.min_prefill, cfg.min_decode),
