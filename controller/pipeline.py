@@ -404,6 +404,10 @@ class Pipeline:
         self.last_tick_s = math.nan
         self._seen: set[str] = set()  # every instance id scraped so far
         self._previous: set[str] = set()  # the instance ids of the previous scrape
+        self._previous_ids: tuple[str, ...] | None = None  # the same, in its order
+        # each pool's instance ids in the scrape of these (instance ids, pools): an unchanged fleet's are kept
+        self._members_of: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._members: dict[str, frozenset[str]] = {}
         # mixed-node pools: each role's own last target before the node conversion (``_mixed_nodes``)
         self._role_targets: dict[str, dict[str, int]] = {}
         forecaster.reset(names)
@@ -448,6 +452,7 @@ class Pipeline:
             self.tracks[name].burst.update(load.arrival_rps, dt)
         forecasts, error = self._forecast(loads, now_s)
         decisions = {}
+        capacities = {}  # the capacity each pool decided with: the budget reads the same
         for name, track in self.tracks.items():
             obs = self._observation(track, loads[name], counts[name], now_s, forecasts[name])
             notes: list[str] = []
@@ -461,6 +466,7 @@ class Pipeline:
             if error is not None:
                 notes.append(f"forecast skipped ({error}); measured load only")
             ctx = self._context(track, obs)
+            capacities[name] = ctx.capacity
             track.previous_state = track.state
             plan, track.state = decide(ctx, track.state)
             if plan is None:
@@ -471,7 +477,7 @@ class Pipeline:
             gone = tuple(sorted(vanished.get(name, ())))
             decisions[name] = PoolDecision(name, plan, obs, loads[name], forecasts[name], reasons, gone)
         if self.budget is not None:
-            decisions = self._budget(decisions, counts, now_s)
+            decisions = self._budget(decisions, counts, capacities, now_s)
         decisions = self._mixed_nodes(decisions)
         return TickResult(now_s, decisions, self.forecaster.name, error)
 
@@ -504,14 +510,17 @@ class Pipeline:
         return out
 
     def _vanished(self, samples: InstanceSamples) -> dict[str, set[str]]:
-        now: dict[str, set[str]] = {p: set() for p in self.tracks}
-        for iid, pool in zip(samples.instance_ids, samples.pools, strict=True):
-            if pool in now:
-                now[pool].add(iid)
+        key = (tuple(samples.instance_ids), tuple(samples.pools))
+        if key != self._members_of:  # the fleet changed (or the first scrape): group its ids by pool again
+            now: dict[str, set[str]] = {p: set() for p in self.tracks}
+            for iid, pool in zip(samples.instance_ids, samples.pools, strict=True):
+                if pool in now:
+                    now[pool].add(iid)
+            self._members_of, self._members = key, {p: frozenset(ids) for p, ids in now.items()}
         out = {}
         for name, track in self.tracks.items():
-            gone = set(track.instances) - now[name]
-            track.instances = frozenset(now[name])
+            gone = set(track.instances - self._members[name])
+            track.instances = self._members[name]
             if gone and self.guard_vanished:
                 out[name] = gone
         return out
@@ -525,9 +534,12 @@ class Pipeline:
         the next tick differences from proper values again.
         """
         ids = samples.instance_ids
+        if tuple(ids) == self._previous_ids:  # the previous scrape's instances: none comes back
+            return samples, {}
         back_rows = [i for i, iid in enumerate(ids) if iid in self._seen and iid not in self._previous]
         self._seen.update(ids)
         self._previous = set(ids)
+        self._previous_ids = tuple(ids)
         if not self.guard_vanished or not back_rows:
             return samples, {}
         counters = {}
@@ -581,7 +593,11 @@ class Pipeline:
         )
 
     def _budget(
-        self, decisions: dict[str, PoolDecision], counts: Mapping[str, PoolCounts], now_s: float
+        self,
+        decisions: dict[str, PoolDecision],
+        counts: Mapping[str, PoolCounts],
+        capacities: Mapping[str, PoolCapacity],
+        now_s: float,
     ) -> dict[str, PoolDecision]:
         """Fit the plans into what the budget leaves after the pools held at their current scale."""
         assert self.budget is not None
@@ -592,7 +608,7 @@ class Pipeline:
             inputs[name] = BudgetInput(
                 plan=d.plan,
                 observation=d.observation,
-                capacity=self._context(track, d.observation).capacity,
+                capacity=capacities[name],
                 slo_ttft_ms=track.setup.spec.slo_ttft_ms,
                 counts=counts[name],
                 floor=(cfg.min_prefill, cfg.min_decode),

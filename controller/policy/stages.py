@@ -345,11 +345,11 @@ def _line(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float, o
     window is a slice (found by bisection) and its span is its ends (the same values as a mask and max − min)."""
     start = now_s - window_s
     if ordered:
-        lo, hi = (int(i) for i in np.searchsorted(times, (start, now_s), side="right"))
+        lo, hi = int(times.searchsorted(start, side="right")), int(times.searchsorted(now_s, side="right"))
         n = hi - lo
         if n < TREND_MIN_SAMPLES:
             return None
-        t, r = times[lo:hi].copy(), rates[lo:hi].copy()
+        t, r = times[lo:hi], rates[lo:hi]  # views: nothing below writes to them
         span = float(t[-1] - t[0])
     else:
         sel = (times > start) & (times <= now_s)
@@ -360,17 +360,20 @@ def _line(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float, o
         span = float(t.max() - t.min())
     if span < TREND_MIN_COVERAGE * window_s:
         return None
-    t_mean = t.mean()
+    # the means as np.mean computes them (the pairwise sum, then one division by the count), without its dispatch
+    t_mean = float(np.add.reduce(t)) / n
     tc = t - t_mean
     sxx = float(tc @ tc)
     if sxx <= 0:
         return None
-    mean = float(r.mean())
-    slope = float(tc @ (r - mean)) / sxx
-    rss_line = float(((r - mean - slope * tc) ** 2).sum())
+    mean = float(np.add.reduce(r)) / n
+    dev = r - mean
+    slope = float(tc @ dev) / sxx
+    dev -= slope * tc  # the residuals, r - mean - slope × tc
+    rss_line = float(np.add.reduce(dev * dev))
     poisson = max(mean, 0.0) / (span / (n - 1))
     var = max(rss_line / (n - 2), poisson)
-    level = mean + slope * (now_s - float(t_mean))
+    level = mean + slope * (now_s - t_mean)
     return _Line(slope, math.sqrt(var / sxx), level, rss_line, var, r)
 
 

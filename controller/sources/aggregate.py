@@ -79,9 +79,9 @@ class _Deltas:
     itl: Histogram | None
 
 
-def _deltas(prev: InstanceSamples | None, prev_index: dict[str, int], cur: InstanceSamples) -> _Deltas:
+def _deltas(prev: InstanceSamples | None, rows: np.ndarray, cur: InstanceSamples) -> _Deltas:
+    """``rows``: each current instance's row in ``prev`` (-1 = not there)."""
     n = len(cur.instance_ids)
-    rows = np.array([prev_index.get(iid, -1) for iid in cur.instance_ids], dtype=np.int64)
     seen = rows >= 0
     safe = np.maximum(rows, 0)
 
@@ -113,10 +113,12 @@ def _deltas(prev: InstanceSamples | None, prev_index: dict[str, int], cur: Insta
     )
 
 
-def _rate(values: np.ndarray, dt_s: float) -> float:
-    if not math.isfinite(dt_s) or dt_s <= 0 or np.isnan(values).any():
+def _rate(total: float, dt_s: float) -> float:
+    """A sum of increments (``float(values.sum())``) as a per-second rate: NaN when ``dt_s`` is not a usable
+    interval or an increment is NaN (then so is the sum; a NaN sum of no NaN, inf - inf, is NaN either way)."""
+    if not math.isfinite(dt_s) or dt_s <= 0 or math.isnan(total):
         return math.nan
-    return float(values.sum() / dt_s)
+    return total / dt_s
 
 
 def _quantiles(h: Histogram | None, mask: np.ndarray) -> tuple[float, float]:
@@ -127,49 +129,89 @@ def _quantiles(h: Histogram | None, mask: np.ndarray) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
-class _Masks:
-    """Per-instance selections of one scrape that do not depend on the pool: computed once per scrape, not
-    once per pool (with many pools the per-pool string comparisons were a fifth of a tick)."""
+class _PoolRows:
+    """One pool's instances in a scrape as index arrays: the elements a boolean mask selects, in its order,
+    so a sum over them is the mask's sum to the bit, without a pass over the whole fleet per pool."""
 
-    pools: np.ndarray  # object array of pool names
-    roles: np.ndarray
-    states: np.ndarray
-    serving: np.ndarray  # bool: active or draining
-    prompt_role: np.ndarray  # bool: prefill or mixed (where requests enter a pool)
-    decode_role: np.ndarray  # bool: decode or mixed
+    in_pool: np.ndarray
+    prompt: np.ndarray  # prefill or mixed: where requests enter the pool
+    decode: np.ndarray  # decode or mixed
+    serving_decode: np.ndarray  # active or draining, decode or mixed
+    serving_prompt: np.ndarray  # active or draining, prefill or mixed
+    counts: dict[str, dict[str, int]]  # role -> state -> instances (first appearance order)
 
-    @classmethod
-    def of(cls, cur: InstanceSamples) -> _Masks:
-        roles = np.array(cur.roles, dtype=object)
-        states = np.array(cur.states, dtype=object)
-        return cls(
-            pools=np.array(cur.pools, dtype=object),
-            roles=roles,
-            states=states,
-            serving=np.isin(states, SERVING_STATES),
-            prompt_role=np.isin(roles, ("prefill", "mixed")),
-            decode_role=np.isin(roles, ("decode", "mixed")),
+
+class _Layout:
+    """What a scrape's instance tuples (ids, pools, roles, states) determine: the id → row index and each
+    pool's rows. Successive scrapes of an unchanged fleet share it (with many pools, the per-pool passes over
+    every instance were a fifth of a tick, then the per-scrape masks and the id index most of the rest)."""
+
+    def __init__(self, cur: InstanceSamples) -> None:
+        self.key = (tuple(cur.instance_ids), tuple(cur.pools), tuple(cur.roles), tuple(cur.states))
+        self.index = {iid: i for i, iid in enumerate(self.key[0])}
+        self.all_rows = np.arange(len(self.key[0]), dtype=np.int64)
+        self._pools: np.ndarray | None = None
+        self._masks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._by_pool: dict[str, _PoolRows] = {}
+
+    def same(self, cur: InstanceSamples) -> bool:
+        ids, pools, roles, states = self.key
+        return (
+            tuple(cur.instance_ids) == ids
+            and tuple(cur.pools) == pools
+            and tuple(cur.roles) == roles
+            and tuple(cur.states) == states
+        )
+
+    def rows_in(self, prev: _Layout | None) -> np.ndarray:
+        """Each instance's row in the scrape ``prev`` describes (-1 = not there)."""
+        if prev is self and len(self.index) == len(self.all_rows):  # no duplicate id: row i is row i
+            return self.all_rows
+        index = prev.index if prev is not None else {}
+        return np.array([index.get(iid, -1) for iid in self.key[0]], dtype=np.int64)
+
+    def pool(self, pool: str) -> _PoolRows:
+        rows = self._by_pool.get(pool)
+        if rows is None:
+            rows = self._by_pool[pool] = self._pool_rows(pool)
+        return rows
+
+    def _pool_rows(self, pool: str) -> _PoolRows:
+        _, _, roles, states = self.key
+        if self._pools is None or self._masks is None:
+            self._pools = np.array(self.key[1], dtype=object)
+            role_arr = np.array(roles, dtype=object)
+            self._masks = (
+                np.isin(np.array(states, dtype=object), SERVING_STATES),
+                np.isin(role_arr, ("prefill", "mixed")),
+                np.isin(role_arr, ("decode", "mixed")),
+            )
+        serving_all, prompt_role, decode_role = self._masks
+        in_pool = self._pools == pool
+        serving = in_pool & serving_all
+        counts: dict[str, dict[str, int]] = {}
+        # pairs counted in C (Counter keeps first appearance, so the dicts' order is the loop's)
+        members = np.flatnonzero(in_pool).tolist()
+        for (role, state), k in Counter((roles[i], states[i]) for i in members).items():
+            per_role = counts.setdefault(str(role), {})
+            per_role[str(state)] = per_role.get(str(state), 0) + k
+        return _PoolRows(
+            in_pool=np.flatnonzero(in_pool),
+            prompt=np.flatnonzero(in_pool & prompt_role),
+            decode=np.flatnonzero(in_pool & decode_role),
+            serving_decode=np.flatnonzero(serving & decode_role),
+            serving_prompt=np.flatnonzero(serving & prompt_role),
+            counts=counts,
         )
 
 
-def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool, m: _Masks) -> PoolLoad:
-    in_pool = m.pools == pool
-    serving = in_pool & m.serving
-    counts: dict[str, dict[str, int]] = {}
-    # pairs counted in C (Counter keeps first appearance, so the dicts' order is the loop's)
-    pairs = zip(m.roles[in_pool].tolist(), m.states[in_pool].tolist(), strict=True)
-    for (role, state), k in Counter(pairs).items():
-        per_role = counts.setdefault(str(role), {})
-        per_role[str(state)] = per_role.get(str(state), 0) + k
-
+def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool, rows: _PoolRows) -> PoolLoad:
     def gauge_sum(metric: str, sel: np.ndarray) -> float:
         g = cur.gauges.get(metric)
         return float(g[sel].sum()) if g is not None else math.nan
 
     kv = cur.gauges.get(names.KV_CACHE_USAGE_PERC)
-    kv_sel = serving & m.decode_role
-    prompt_sel = in_pool & m.prompt_role
-    decode_sel = in_pool & m.decode_role
+    prompt_sel = rows.prompt
     # A P/D request is routed twice (to a prefill, then to a decode instance): arrivals are counted where
     # requests enter the pool, on prefill and mixed instances only.
     n_arrivals = float(d.arrivals[prompt_sel].sum())
@@ -179,18 +221,20 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool, m: _
     at_arrival = bool(len(routed) and np.isfinite(routed).all())
     prompt = routed if at_arrival else d.prompt[prompt_sel]
     prompt_total = float(prompt.sum())
-    ttft50, ttft90 = _quantiles(d.ttft, in_pool)
-    itl50, itl90 = _quantiles(d.itl, in_pool)
+    ttft50, ttft90 = _quantiles(d.ttft, rows.in_pool)
+    itl50, itl90 = _quantiles(d.itl, rows.in_pool)
     return PoolLoad(
         pool=pool,
         now_s=cur.now_s,
-        counts=counts,
-        arrival_rps=_rate(d.arrivals[prompt_sel], d.dt_s),
-        prompt_tps=_rate(prompt, d.dt_s),
-        gen_tps=_rate(d.gen[in_pool], d.dt_s),
-        running=gauge_sum(names.NUM_REQUESTS_RUNNING, serving & decode_sel),
-        waiting=gauge_sum(names.NUM_REQUESTS_WAITING, serving & prompt_sel),
-        kv_usage=float(kv[kv_sel].mean()) if kv is not None and kv_sel.any() else math.nan,
+        counts={role: dict(states) for role, states in rows.counts.items()},
+        arrival_rps=_rate(n_arrivals, d.dt_s),
+        prompt_tps=_rate(prompt_total, d.dt_s),
+        gen_tps=_rate(float(d.gen[rows.in_pool].sum()), d.dt_s),
+        running=gauge_sum(names.NUM_REQUESTS_RUNNING, rows.serving_decode),
+        waiting=gauge_sum(names.NUM_REQUESTS_WAITING, rows.serving_prompt),
+        kv_usage=float(kv[rows.serving_decode].mean())
+        if kv is not None and len(rows.serving_decode)
+        else math.nan,
         ttft_p50_s=ttft50,
         ttft_p90_s=ttft90,
         itl_p50_s=itl50,
@@ -198,7 +242,7 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool, m: _
         mean_prompt_tokens=prompt_total / n_arrivals if n_arrivals > 0 else math.nan,
         complete=complete,
         prompt_at_arrival=at_arrival,
-        completion_rps=_rate(d.success[decode_sel], d.dt_s),
+        completion_rps=_rate(float(d.success[rows.decode].sum()), d.dt_s),
     )
 
 
@@ -207,13 +251,13 @@ class LoadAggregator:
 
     def __init__(self) -> None:
         self._prev: InstanceSamples | None = None
-        self._prev_index: dict[str, int] = {}
+        self._layout: _Layout | None = None  # the previous scrape's
 
     def update(self, cur: InstanceSamples, pools: list[str]) -> dict[str, PoolLoad]:
         """Per-pool load since the previous scrape (rates are NaN on the first call)."""
-        d = _deltas(self._prev, self._prev_index, cur)
+        prev_layout = self._layout
+        layout = prev_layout if prev_layout is not None and prev_layout.same(cur) else _Layout(cur)
+        d = _deltas(self._prev, layout.rows_in(prev_layout), cur)
         complete = self._prev is not None
-        self._prev = cur
-        self._prev_index = {iid: i for i, iid in enumerate(cur.instance_ids)}
-        masks = _Masks.of(cur)
-        return {pool: _pool_load(pool, cur, d, complete, masks) for pool in pools}
+        self._prev, self._layout = cur, layout
+        return {pool: _pool_load(pool, cur, d, complete, layout.pool(pool)) for pool in pools}
