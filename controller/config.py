@@ -257,6 +257,15 @@ class PolicyConfig(BaseModel):
             " of docs/BENCHMARKS.md's reference table moved); 'limited' = as at any other time (session 6)"
         ),
     )
+    trend_test: Literal["line", "poisson"] = Field(
+        "line",
+        description=(
+            "how the trend stage reads a ramp: 'line' (default) = stages.trend_factor's least-squares line"
+            " only; 'poisson' (opt-in) = also controller.policy.rise's Poisson log-linear likelihood-ratio"
+            " test where the line reads no ramp: it reads a convex rise, which the line's step test calls a"
+            " step, and a slow one, earlier, and projects it by its fitted growth, capped at 4x"
+        ),
+    )
     provision_lead_s: float = Field(
         120.0,
         ge=0.0,

@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.config import PolicyConfig
-from controller.policy import stages
+from controller.policy import rise, stages
 from controller.policy.types import (
     ROLES,
     PoolCapacity,
@@ -57,6 +57,8 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         state, rate_history=stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
     )
     factor, why_trend = stages.trend_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
+    if cfg.trend_test == "poisson" and why_trend is None:  # opt-in: a convex or slow rise the line misses
+        factor, why_trend = rise.rise_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
     if why_trend:
         queued = stages.queued_decode(obs, cap)
         need = stages.with_trend(need, factor, queued)
