@@ -331,6 +331,46 @@ class PolicyConfig(BaseModel):
             " top); p90 while the decode fleet is full"
         ),
     )
+    arrival_calibration: Literal["off", "coverage"] = Field(
+        "off",
+        description=(
+            "'coverage' = recalibrate the forecaster's arrival p50 and p90 online (controller.policy.calibration):"
+            " each tick's forecast is compared one horizon later with the arrivals counted over it, and a"
+            " multiplier per quantile moves so that the fraction of windows above it tracks 0.5 / 0.9 (adaptive"
+            " conformal inference). Bounded by arrival_calibration_min_scale / _max_scale, applied only after"
+            " arrival_calibration_warmup_s of comparisons, never below the measured arrival rate, and never"
+            " downward while the decode fleet is full (stages.decode_saturated). It moves what reads the arrival"
+            " forecast: decode's Little's-law concurrency and the standby's spread; the token forecasts are"
+            " untouched. 'off' (default) = the forecaster's quantiles as they come"
+        ),
+    )
+    arrival_calibration_gain_per_s: float = Field(
+        0.05,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "the log multiplier's step per second of comparisons and unit of coverage error (0.05: a forecast"
+            " always covered loses 0.5 % per second, a 2 × over-forecast is halved in ~140 s)"
+        ),
+    )
+    arrival_calibration_min_scale: float = Field(
+        0.3, gt=0.0, le=1.0, description="the smallest multiplier the arrival calibration applies"
+    )
+    arrival_calibration_max_scale: float = Field(
+        1.0,
+        ge=1.0,
+        le=10.0,
+        description=(
+            "the largest multiplier the arrival calibration applies (1 = it only corrects an over-forecast;"
+            " an under-forecast is left to the measured-load floor, the headroom and the burst reserve)"
+        ),
+    )
+    arrival_calibration_warmup_s: float = Field(
+        60.0,
+        ge=0.0,
+        le=3600.0,
+        description="seconds of forecast-vs-counted comparisons before the arrival calibration applies",
+    )
     gen_forecast: Literal["tokens", "arrivals", "max", "min"] = Field(
         "tokens",
         description=(

@@ -8,7 +8,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.config import PolicyConfig
+<<<<<<< HEAD
 from controller.policy import rise, stages
+=======
+from controller.policy import calibration, stages
+>>>>>>> s8c
 from controller.policy.types import (
     ROLES,
     PoolCapacity,
@@ -38,8 +42,10 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     obs, cfg, cap = ctx.obs, ctx.config, ctx.capacity
     obs, smoothed = stages.smooth_load(obs, state, cfg.load_smoothing_s)
     queue_s, smoothed = stages.queue_age(obs, smoothed)
+    # stage 1 reads the recalibrated arrival forecast; the standby's spread stays the forecaster's own ratio
+    stage1_obs, smoothed, why_calibrated = _calibrate_arrivals(ctx.obs, obs, cap, cfg, smoothed)
     need = stages.capacity_target(
-        obs,
+        stage1_obs,
         cap,
         ctx.slo_ttft_ms / 1000.0,
         cfg.provision_lead_s,
@@ -52,7 +58,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     if need is None:
         return None, state
     state = smoothed
-    reasons = list(need.reasons)
+    reasons = [*need.reasons, why_calibrated] if why_calibrated else list(need.reasons)
     state = replace(
         state, rate_history=stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
     )
@@ -166,6 +172,31 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         reasons=tuple(reasons),
     )
     return plan, state
+
+
+def _calibrate_arrivals(
+    raw: PoolObservation, obs: PoolObservation, cap: PoolCapacity, cfg: PolicyConfig, state: PoolState
+) -> tuple[PoolObservation, PoolState, str | None]:
+    """``cfg.arrival_calibration``: track the coverage of the raw observation's arrival forecast against the
+    arrivals it counts (``calibration.update_calibration``), and return ``obs`` (the smoothed observation) with
+    the recalibrated forecast, floored at its measured rate, for stage 1. Not for the standby's spread
+    (``stages.forecast_spread``): p50 and p90 move by their own multipliers, and the wider spread that left
+    kept 2.6 × the standby GPU-s on mmpp-holdout for no SLO. 'off' passes everything through."""
+    if cfg.arrival_calibration == "off":
+        return obs, state, None
+    params = calibration.CalibrationParams(
+        gain_per_s=cfg.arrival_calibration_gain_per_s,
+        min_scale=cfg.arrival_calibration_min_scale,
+        max_scale=cfg.arrival_calibration_max_scale,
+        warmup_s=cfg.arrival_calibration_warmup_s,
+    )
+    cal = calibration.update_calibration(
+        state.arrival_calibration, raw.now_s, raw.arrival_rps, raw.forecast, params
+    )
+    forecast, why = calibration.calibrated_forecast(
+        obs.forecast, cal, obs.arrival_rps, params, saturated=stages.decode_saturated(obs, cap)
+    )
+    return replace(obs, forecast=forecast), replace(state, arrival_calibration=cal), why
 
 
 def _standby_targets(

@@ -125,6 +125,32 @@ class LeadPeaks:
 
 
 @dataclass(frozen=True)
+class ArrivalCalibration:
+    """Per-pool state of the arrival forecast's recalibration (``controller.policy.calibration``).
+
+    ``log_scale``: the log multipliers of (p50, p90); ``counted``: arrivals counted since the first tick (the
+    integral of the measured rate); ``last_s``: the last tick (NaN before the first);
+    ``pending``: (issued_s, counted then, scaled p50 rate, scaled p90 rate) of forecasts awaiting their horizon;
+    ``compared_s``: seconds of comparisons made; ``covered``: of them, (p50, p90) seconds the quantile covered."""
+
+    log_scale: tuple[float, float] = (0.0, 0.0)
+    counted: float = 0.0
+    last_s: float = math.nan
+    pending: tuple[tuple[float, float, float, float], ...] = ()
+    compared_s: float = 0.0
+    covered: tuple[float, float] = (0.0, 0.0)
+
+    def scales(self) -> tuple[float, float]:
+        return math.exp(self.log_scale[0]), math.exp(self.log_scale[1])
+
+    def coverage(self) -> tuple[float, float]:
+        """The empirical coverage of the issued (scaled) p50 and p90 so far; NaN before any comparison."""
+        if self.compared_s <= 0:
+            return math.nan, math.nan
+        return self.covered[0] / self.compared_s, self.covered[1] / self.compared_s
+
+
+@dataclass(frozen=True)
 class PoolState:
     """Everything the policy remembers about one pool between ticks (passed in and returned)."""
 
@@ -154,3 +180,5 @@ class PoolState:
     idle_since_s: float = math.nan
     # where idle pauses were cut out of the burst history (stages.resume_history), in its moved time
     pauses: tuple[float, ...] = ()
+    # the arrival forecast's coverage tracking (controller.policy.calibration; PolicyConfig.arrival_calibration)
+    arrival_calibration: ArrivalCalibration = field(default_factory=lambda: ArrivalCalibration())
