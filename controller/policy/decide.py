@@ -8,11 +8,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.config import PolicyConfig
-<<<<<<< HEAD
-from controller.policy import rise, stages
-=======
-from controller.policy import calibration, stages
->>>>>>> s8c
+from controller.policy import calibration, rise, stages
 from controller.policy.types import (
     ROLES,
     PoolCapacity,
