@@ -303,14 +303,15 @@ class PolicyConfig(BaseModel):
         ),
     )
     output_ratio: Literal["per-tick", "smoothed"] = Field(
-        "per-tick",
+        "smoothed",
         description=(
             "how the pool's mean output length is read from generation tokens/s and arrivals/s"
             " (controller.pipeline.LengthTracker): 'per-tick' (session 6) = an EWMA of each tick's generation over"
             " the arrivals' EWMA, which lags the arrivals by about a minute, so a rise reads long outputs and a"
             " fall short ones (the 600-s sinusoid: 520 to 1,690 tokens for a true 1,000); 'smoothed' = the"
             " generation's EWMA over the arrivals' EWMA, both smoothed alike (exact for a load whose generation"
-            " follows its arrivals). The floors of output_floor apply on top either way"
+            " follows its arrivals; the default since session 8, with arrival_calibration: docs/BENCHMARKS.md,"
+            " 'Session 8's final table'). The floors of output_floor apply on top either way"
         ),
     )
     output_floor: Literal["held", "admitted", "off"] = Field(
@@ -332,16 +333,18 @@ class PolicyConfig(BaseModel):
         ),
     )
     arrival_calibration: Literal["off", "coverage"] = Field(
-        "off",
+        "coverage",
         description=(
             "'coverage' = recalibrate the forecaster's arrival p50 and p90 online (controller.policy.calibration):"
             " each tick's forecast is compared one horizon later with the arrivals counted over it, and a"
             " multiplier per quantile moves so that the fraction of windows above it tracks 0.5 / 0.9 (adaptive"
             " conformal inference). Bounded by arrival_calibration_min_scale / _max_scale, applied only after"
             " arrival_calibration_warmup_s of comparisons, never below the measured arrival rate, and never"
-            " downward while the decode fleet is full (stages.decode_saturated). It moves what reads the arrival"
-            " forecast: decode's Little's-law concurrency and the standby's spread; the token forecasts are"
-            " untouched. 'off' (default) = the forecaster's quantiles as they come"
+            " downward while the decode fleet is full (stages.decode_saturated). It moves decode's Little's-law"
+            " concurrency (stage 1) only; the standby's spread and the token forecasts are untouched. The default"
+            " since session 8 (with output_ratio: smoothed: -6.7 % GPU-s on the 600-s sinusoid, -25 % on the"
+            " ramp, at most +1.0 % on any row, docs/BENCHMARKS.md, 'Session 8's final table'). 'off' = the"
+            " forecaster's quantiles as they come (session 7)"
         ),
     )
     arrival_calibration_gain_per_s: float = Field(

@@ -201,10 +201,10 @@ def test_config_errors_name_the_field(field: str, value: object) -> None:
         PolicyConfig.model_validate({field: value})
 
 
-def test_off_by_default_and_decide_unchanged_when_off() -> None:
-    assert PolicyConfig().arrival_calibration == "off"
+def test_on_by_default_and_decide_unchanged_when_off() -> None:
+    assert PolicyConfig().arrival_calibration == "coverage"
     o = obs(forecast=forecast(rps=30.0))
-    plan, state = decide(ctx(o), PoolState())
+    plan, state = decide(ctx(o, PolicyConfig(arrival_calibration="off")), PoolState())
     assert state.arrival_calibration == ArrivalCalibration()
     assert plan is not None and not any("recalibrated" in r for r in plan.reasons)
 

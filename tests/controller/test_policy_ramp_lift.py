@@ -140,7 +140,7 @@ def test_both_ratios_agree_on_steady_traffic() -> None:
 
 def test_defaults() -> None:
     cfg = PolicyConfig()
-    assert (cfg.ramp_up_on_trend, cfg.output_ratio) == ("lifted", "per-tick")
+    assert (cfg.ramp_up_on_trend, cfg.output_ratio) == ("lifted", "smoothed")
 
 
 @pytest.mark.parametrize(("field", "value"), [("ramp_up_on_trend", "always"), ("output_ratio", "lagged")])
