@@ -122,6 +122,25 @@ def run_conditions(real: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def ttft_split(doc: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Mean TTFT as the client timed it and as the server's histogram holds it, real and per sim profile (ms):
+    their difference is what a request spends outside the server's own TTFT (HTTP, the client, first tokens
+    the API server holds back)."""
+
+    def mean(values: list[Any] | None) -> float | None:
+        v = [float(x) for x in values or [] if x is not None]
+        return float(np.mean(v)) if v else None
+
+    server = doc["compare_server"]
+    first = next(iter(server.values()))
+    out = {
+        "real": {"client": mean(doc["real"]["requests"]["ttft_ms"]), "server": first["ttft_ms.mean"]["real"]}
+    }
+    for key, sim in doc["sim"].items():
+        out[key] = {"client": mean(sim.get("request_ttft_ms")), "server": server[key]["ttft_ms.mean"]["sim"]}
+    return out
+
+
 def calibrated_terms(real: dict[str, Any]) -> dict[str, Any] | None:
     """The profile a ``--calibrate`` run fitted on its own server (coefficients and overheads in one dict, plus
     how long the calibration took); None for a run without one."""
@@ -158,7 +177,8 @@ def summarize_slice(paths: list[Path], trace: Path, profile_jsons: list[Path] | 
         doc = validate_against_sim(
             read_trace(trace), work_dir=Path("/tmp"), real_json=path, profile_jsons=profile_jsons
         )
-        runs.append({"file": path.name, "doc": doc, "conditions": run_conditions(doc["real"])})
+        conditions = run_conditions(doc["real"]) | {"ttft_split": ttft_split(doc)}
+        runs.append({"file": path.name, "doc": doc, "conditions": conditions})
     out: dict[str, Any] = {"runs": [r["file"] for r in runs], "conditions": [r["conditions"] for r in runs]}
     for view, key, figures in (
         ("client", "compare", CLIENT_FIGURES),
@@ -223,6 +243,11 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
             f"  {f}: engine decode p50 {_fmt(c['engine_decode_p50_ms'], 2)} ms, prefill p50 "
             f"{_fmt(c['engine_prefill_p50_ms'])} ms, deferred first tokens {_fmt(c['deferred_share'], 2)}, "
             f"server TTFT mean {_fmt(c['server_ttft_mean_ms'])} ms"
+        )
+        split = c.get("ttft_split") or {}
+        print(
+            "    TTFT mean client / server (ms): "
+            + "; ".join(f"{Path(k).name} {_fmt(v['client'])} / {_fmt(v['server'])}" for k, v in split.items())
         )
         cal = c.get("calibrated")
         if cal:
