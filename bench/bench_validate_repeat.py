@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving.sim.validate import meets_goal, tolerance, validate_against_sim  # noqa: E402
+from serving.sim.validate import load_real, meets_goal, tolerance, validate_against_sim  # noqa: E402
 from serving.workload.readers import read_trace  # noqa: E402
 
 CONV = ROOT / "datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.csv"
@@ -369,7 +369,7 @@ def main() -> None:
     for view, cells in totals(summary).items():
         print(f"  {view}: " + "; ".join(f"{k} {met}/{n}" for k, (met, n) in cells.items()))
     everything = deferred_breakdown(
-        [json.loads(p.read_text())["real"] for name in summary for p in _paths(args.out_dir, name, args.tag)]
+        [load_real(p) for name in summary for p in _paths(args.out_dir, name, args.tag)]
     )
     print(
         "  answered in one burst, every run of every slice: "
