@@ -51,6 +51,12 @@ prefix caching, ``max_tokens`` 1 / 32, prompt length and a fresh HTTP connection
 Validation (``--validate``): a real replay of a trace slice on one server, then the simulator on the same
 slice, side by side; ``--real-json FILE`` reuses a recorded real run (no server) and only replays the sim
 side; ``--profile-json`` (repeatable) compares several latency JSONs in the same run.
+``--calibrate`` first fits a profile on the same server from short step times and probes
+(``serving/sim/calibrate.py``) and compares with it too.
+
+Session 8: the measuring code lives in ``serving/sim/cpu_tiny_measure.py`` and the fitting code in
+``serving/sim/cpu_tiny_fit.py`` (``fit_profile`` is all of ``--refit``), so ``pdscale sim validate --calibrate``
+uses the same code; this script is their command line.
 """
 
 from __future__ import annotations
