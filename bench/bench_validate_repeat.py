@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving.sim.validate import validate_against_sim  # noqa: E402
+from serving.sim.validate import load_real, meets_goal, tolerance, validate_against_sim  # noqa: E402
 from serving.workload.readers import read_trace  # noqa: E402
 
 CONV = ROOT / "datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.csv"
@@ -52,11 +52,6 @@ CLIENT_FIGURES = ("ttft_ms.p50", "ttft_ms.p90", "itl_ms.p50", "itl_ms.p90")
 SERVER_FIGURES = (*CLIENT_FIGURES, "ttft_ms.mean", "itl_ms.mean", "e2e_ms.mean")
 BURST_GAP_MS = 1.0  # as bench_vllm_deferral.py: tokens closer than this per token came in one burst
 OUTPUT_BANDS = ((2, 4), (5, 8), (9, 16), (17, 31), (32, 32))  # output lengths (the slices clip at 32)
-
-
-def tolerance(figure: str) -> float:
-    """The goal's tolerance for a figure: 10 % at P50 (and for means), 20 % at P90."""
-    return 0.2 if figure.endswith("p90") else 0.1
 
 
 def _request_arrays(real: dict[str, Any]) -> dict[str, np.ndarray] | None:
@@ -123,12 +118,38 @@ def run_conditions(real: dict[str, Any]) -> dict[str, Any]:
         "engine_prefill_p50_ms": (its.get("prefill_or_mixed") or {}).get("p50_ms"),
         "deferred_share": deferred_share(real),
         "server_ttft_mean_ms": (real.get("server_metrics") or {}).get("time_to_first_token_mean_ms"),
+        "calibrated": calibrated_terms(real),
     }
 
 
-def meets_goal(sim_over_real: float | None, figure: str) -> bool:
-    """Within the goal's tolerance of the real figure (an unknown ratio does not meet it)."""
-    return sim_over_real is not None and abs(sim_over_real - 1.0) <= tolerance(figure)
+def ttft_split(doc: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Mean TTFT as the client timed it and as the server's histogram holds it, real and per sim profile (ms):
+    their difference is what a request spends outside the server's own TTFT (HTTP, the client, first tokens
+    the API server holds back)."""
+
+    def mean(values: list[Any] | None) -> float | None:
+        v = [float(x) for x in values or [] if x is not None]
+        return float(np.mean(v)) if v else None
+
+    server = doc["compare_server"]
+    first = next(iter(server.values()))
+    out = {
+        "real": {"client": mean(doc["real"]["requests"]["ttft_ms"]), "server": first["ttft_ms.mean"]["real"]}
+    }
+    for key, sim in doc["sim"].items():
+        out[key] = {"client": mean(sim.get("request_ttft_ms")), "server": server[key]["ttft_ms.mean"]["sim"]}
+    return out
+
+
+def calibrated_terms(real: dict[str, Any]) -> dict[str, Any] | None:
+    """The profile a ``--calibrate`` run fitted on its own server (coefficients and overheads in one dict, plus
+    how long the calibration took); None for a run without one."""
+    cal = real.get("calibration")
+    if not isinstance(cal, dict):
+        return None
+    profile = cal["profile"]
+    terms: dict[str, Any] = profile["coefficients"] | profile["overheads"]
+    return terms | {"elapsed_s": cal["provenance"]["elapsed_s"]}
 
 
 def spread(values: list[float | None], figure: str) -> dict[str, Any]:
@@ -156,19 +177,22 @@ def summarize_slice(paths: list[Path], trace: Path, profile_jsons: list[Path] | 
         doc = validate_against_sim(
             read_trace(trace), work_dir=Path("/tmp"), real_json=path, profile_jsons=profile_jsons
         )
-        runs.append({"file": path.name, "doc": doc, "conditions": run_conditions(doc["real"])})
+        conditions = run_conditions(doc["real"]) | {"ttft_split": ttft_split(doc)}
+        runs.append({"file": path.name, "doc": doc, "conditions": conditions})
     out: dict[str, Any] = {"runs": [r["file"] for r in runs], "conditions": [r["conditions"] for r in runs]}
     for view, key, figures in (
         ("client", "compare", CLIENT_FIGURES),
         ("server", "compare_server", SERVER_FIGURES),
     ):
-        profiles = list(runs[0]["doc"][key])
+        # profiles every run has (a calibrated profile is each run's own fit: its sim side differs per run)
+        profiles = [p for p in runs[0]["doc"][key] if all(p in r["doc"][key] for r in runs)]
         table: dict[str, Any] = {}
         for figure in figures:
             real = [r["doc"][key][profiles[0]][figure]["real"] for r in runs]
             row: dict[str, Any] = {"real": real, "spread": spread(real, figure)}
             for p in profiles:
-                row[f"sim {p}"] = runs[0]["doc"][key][p][figure]["sim"]
+                sims = [r["doc"][key][p][figure]["sim"] for r in runs]
+                row[f"sim {p}"] = sims[0] if len(set(sims)) == 1 else sims
                 ratios = [r["doc"][key][p][figure]["sim_over_real"] for r in runs]
                 row[f"sim/real {p}"] = ratios
                 row[f"goal met {p}"] = sum(1 for x in ratios if meets_goal(x, figure))
@@ -207,6 +231,11 @@ def _fmt(x: Any, digits: int = 1) -> str:
     return f"{x:.{digits}f}"
 
 
+def _fmt_sim(x: Any) -> str:
+    """One sim value, or a run's each (a calibrated profile differs per run)."""
+    return " ".join(_fmt(v) for v in x) if isinstance(x, list) else _fmt(x)
+
+
 def print_summary(name: str, s: dict[str, Any]) -> None:
     print(f"\n## {name}: runs {', '.join(s['runs'])}")
     for c, f in zip(s["conditions"], s["runs"], strict=True):
@@ -215,6 +244,21 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
             f"{_fmt(c['engine_prefill_p50_ms'])} ms, deferred first tokens {_fmt(c['deferred_share'], 2)}, "
             f"server TTFT mean {_fmt(c['server_ttft_mean_ms'])} ms"
         )
+        split = c.get("ttft_split") or {}
+        print(
+            "    TTFT mean client / server (ms): "
+            + "; ".join(f"{Path(k).name} {_fmt(v['client'])} / {_fmt(v['server'])}" for k, v in split.items())
+        )
+        cal = c.get("calibrated")
+        if cal:
+            print(
+                f"    calibrated in {cal['elapsed_s']:.0f} s: a {cal['a_ms']:.2f} b {cal['b_ms_per_prefill_token']:.4f} "
+                f"c {cal['c_ms_per_decode_seq']:.3f} d {cal['d_ms_per_decode_context_token']:.5f}, request overhead "
+                f"{cal['request_overhead_ms']:.1f}, admission {cal.get('admission_busy_ms', 0):.1f} + "
+                f"{cal.get('admission_ms_per_running_seq', 0):.2f}/seq (young {cal.get('admission_young_busy_ms', 0):.1f}"
+                f" + {cal.get('admission_ms_per_young_seq', 0):.2f}/seq), stalls "
+                f"{cal.get('decode_stall_fraction', 0):.3f} x {cal.get('decode_stall_ms', 0):.1f} ms"
+            )
     print(
         "  answered in one burst, all runs: "
         + ", ".join(f"{g} {_fmt(v, 2)} (n {n})" for g, (n, v) in s["deferred"].items())
@@ -231,7 +275,7 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
             print(
                 f"  {figure:13s} | {' '.join(_fmt(v) for v in row['real'])} | {_fmt(sp['max_over_min'], 2)} | "
                 f"{_fmt(sp['max_dev_from_median'], 2)} ({_fmt(sp['within_tolerance'])}) | "
-                + " ; ".join(_fmt(row[k]) for k in sims)
+                + " ; ".join(_fmt_sim(row[k]) for k in sims)
                 + " | "
                 + " ; ".join(
                     " ".join(_fmt(v, 2) for v in row[k]) + f" [{row['goal met ' + k[9:]]}/{len(row[k])}]"
@@ -240,7 +284,9 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
             )
 
 
-def run_rounds(out_dir: Path, rounds: int, slices: list[str], first_round: int = 1) -> None:
+def run_rounds(
+    out_dir: Path, rounds: int, slices: list[str], first_round: int = 1, calibrate: bool = False
+) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for r in range(first_round, first_round + rounds):
         for name in slices:
@@ -260,6 +306,7 @@ def run_rounds(out_dir: Path, rounds: int, slices: list[str], first_round: int =
                 str(out_dir / f"{name}_r{r}.json"),
                 "--out",
                 str(out_dir / "work"),
+                *(["--calibrate"] if calibrate else []),
             ]
             t0, load0 = datetime.now(UTC).isoformat(timespec="seconds"), os.getloadavg()[0]
             rc = subprocess.run(cmd, check=False).returncode
@@ -285,6 +332,12 @@ def main() -> None:
     )
     parser.add_argument("--run", action="store_true", help="replay the slices on real servers first")
     parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="--run: each run fits a cpu-tiny profile on its own server first (bench_vllm_cpu.py --calibrate); "
+        "the summary then has a 'calibrated' profile beside --profile-json",
+    )
+    parser.add_argument(
         "--tag",
         default="s6",
         help="without --run, when --out-dir holds no <slice>_r<k>.json: the recordings <prefix>_<tag>r<k>.json "
@@ -303,7 +356,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--slices: unknown {unknown}; known: {', '.join(SLICES)}")
     if args.run:
-        run_rounds(args.out_dir, args.rounds, slices, args.first_round)
+        run_rounds(args.out_dir, args.rounds, slices, args.first_round, args.calibrate)
     summary = {}
     for name in slices:
         paths = _paths(args.out_dir, name, args.tag)
@@ -316,7 +369,7 @@ def main() -> None:
     for view, cells in totals(summary).items():
         print(f"  {view}: " + "; ".join(f"{k} {met}/{n}" for k, (met, n) in cells.items()))
     everything = deferred_breakdown(
-        [json.loads(p.read_text())["real"] for name in summary for p in _paths(args.out_dir, name, args.tag)]
+        [load_real(p) for name in summary for p in _paths(args.out_dir, name, args.tag)]
     )
     print(
         "  answered in one burst, every run of every slice: "

@@ -255,6 +255,33 @@ def fit_overhead_cmd(
         _console.print(f"wrote {OVERHEAD_JSON}")
 
 
+def _print_side_by_side(doc: dict[str, Any]) -> None:
+    """Every profile's sim/real per figure in one table, both views, and how many figures meet the goal."""
+    from serving.sim.validate import side_by_side
+
+    keys = list(doc["within_goal"])
+    table = Table(title="sim / real, every profile (* = within the goal: 10 % at P50, 20 % at P90)")
+    for col in ("view", "figure", "real", *keys):
+        table.add_column(col, justify="right")
+    for view, figure, real, cells in side_by_side(doc):
+        table.add_row(
+            view,
+            figure,
+            "-" if real is None else f"{real:.1f}",
+            *("-" if r is None else f"{r:.2f}{'*' if met else ''}" for r, met in cells),
+        )
+    for view in ("client", "server"):
+        table.add_row(view, "within the goal", "", *(f"{doc['within_goal'][k][view]['met']}/4" for k in keys))
+    _console.print(table)
+    calibration = doc["real"].get("calibration")
+    if calibration:
+        _console.print(
+            f"calibrated profile ({calibration['provenance']['elapsed_s']:.0f} s on the server before the slice, "
+            f"load {calibration['provenance']['load_1min']}): {calibration['profile']['coefficients']}, "
+            f"{calibration['profile']['overheads']}"
+        )
+
+
 @sim_app.command("validate")
 def validate_cmd(
     trace_file: Annotated[Path, typer.Argument(help="Trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV).")],
@@ -277,6 +304,14 @@ def validate_cmd(
     max_prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompts are clipped to this.")] = 512,
     max_output_tokens: Annotated[int, typer.Option(min=1, help="Outputs are clipped to this.")] = 32,
     max_num_seqs: Annotated[int, typer.Option(min=1, help="vLLM --max-num-seqs of the server.")] = 16,
+    calibrate: Annotated[
+        bool,
+        typer.Option(
+            help="Before the slice, measure short step times and probes on the same server (~1.5-2 min), fit a "
+            "cpu-tiny profile from them (never from the slice) and compare with it beside the shipped profile; "
+            "the fitted profile, its provenance and rows go to the --json document."
+        ),
+    ] = False,
     work_dir: Annotated[Path, typer.Option(help="Model and server logs.")] = Path("out/validate"),
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the whole document here.")] = None,
 ) -> None:
@@ -285,9 +320,12 @@ def validate_cmd(
 
     Starts and stops one real mixed server (a few minutes on 2 cores) unless --real-json reuses a recorded
     run. Goal (issue 3): within 10 % at P50 and 20 % at P90; docs/BENCHMARKS.md has the measured figures.
+    The server's speed moves between days, so --calibrate fits a profile of today's machine on the same
+    server first; a recorded calibrated run (--real-json) is compared with its recorded fit again.
 
     Example: pdscale sim validate datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.csv --json v.json
     """
+    from serving.sim.calibrate import CalibrationSpec
     from serving.sim.validate import SliceSpec, validate_against_sim
     from serving.workload.errors import TraceError
     from serving.workload.readers import read_trace
@@ -308,6 +346,7 @@ def validate_cmd(
             max_num_seqs=max_num_seqs,
             real_json=real_json,
             profile_jsons=profile_json,
+            calibration=CalibrationSpec() if calibrate else None,
         )
     except (TraceError, ValueError, OSError, KeyError) as err:
         typer.echo(f"error: {err}", err=True)
@@ -338,6 +377,7 @@ def validate_cmd(
         _console.print(
             "the recorded real run has no server histograms (recorded before session 6): means only"
         )
+    _print_side_by_side(doc)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(doc, indent=2, default=str) + "\n")

@@ -42,6 +42,7 @@ from serving.pools.loadgen import MetricsSnapshot, RequestTimings, run_replay, s
 from serving.pools.local import InstanceConfig, LocalInstance, start_instance
 from serving.pools.tinymodel import build_tiny_model, normal_token_ids
 from serving.sim import server_view
+from serving.sim.calibrate import CalibrationSpec
 from serving.workload.trace import Trace
 
 if TYPE_CHECKING:
@@ -267,11 +268,17 @@ def validate(
     seed: int = 0,
     health_timeout_s: float = 300.0,
     iteration_details: bool = False,
+    calibration: CalibrationSpec | None = None,
 ) -> dict[str, Any]:
     """Cut ``trace`` with ``spec``, start a mixed tiny-model server under ``work_dir``, replay the slice,
     stop the server, and return ``{"slice", "server", "real", "requests", "server_metrics"}`` plus
     ``iterations`` with ``iteration_details`` (the server then logs every engine step: a little more work in
     its API process) (JSON-ready; NaN → null).
+
+    With ``calibration``, the server first runs ``serving.sim.calibrate.calibrate`` (step times and probes,
+    rows under ``work_dir/calibration``; iteration details are then on) and the document gets its
+    ``calibration`` (the fitted profile, its provenance and rows); the slice starts after the server is idle
+    again and the same warm-up as without it.
 
     Example::
 
@@ -282,17 +289,23 @@ def validate(
     spec = spec or SliceSpec()
     trace_slice = scale_slice(trace, spec)
     model_dir = build_tiny_model(work_dir / "tiny-llama", seed=0)
+    iteration_details = iteration_details or calibration is not None  # the calibration's engine-timed rows
     config = InstanceConfig(
         model_dir=model_dir,
         max_num_seqs=max_num_seqs,
         max_model_len=spec.max_model_len,
         extra_args=(ITERATION_FLAG,) if iteration_details else (),
     )
+    calibrated: dict[str, Any] | None = None
     with start_instance(config, work_dir / "logs") as server:
         ready_s = server.wait_healthy(health_timeout_s)
+        finished_before = 0.0
+        if calibration is not None:
+            calibrated = _calibrate(server, model_dir, calibration, work_dir / "calibration")
+            finished_before = scrape(server.url).total(f"{server_view.SERVER_HISTOGRAMS['e2e_ms']}_count")
         # Warm-up outside the measured slice: the first requests pay lazy initialisation.
         warm = run_real(scale_slice(trace, SliceSpec(n_requests=4, target_rps=4.0)), server, seed=seed + 1)
-        scrape_before, settled_before = settled_scrape(server.url, float(np.sum(warm.ok)))
+        scrape_before, settled_before = settled_scrape(server.url, finished_before + float(np.sum(warm.ok)))
         before = _server_counters(server.url, scrape_before)
         log_offset = server.log_path.stat().st_size
         timings = run_real(trace_slice, server, seed=seed)
@@ -335,7 +348,25 @@ def validate(
     }
     if iteration_details:
         doc["iterations"] = _iteration_summary(log_text)
+    if calibrated is not None:
+        doc["calibration"] = calibrated
     return dict(_finite_or_none(doc))
+
+
+def _calibrate(
+    server: LocalInstance, model_dir: Path, spec: CalibrationSpec, out_dir: Path
+) -> dict[str, Any]:
+    """``calibrate`` on the validation's server, the shipped profile as the document's base; warm-up first
+    (the same unrecorded requests as ``bench_vllm_cpu.py``'s measurements)."""
+    import json
+
+    from serving.sim.calibrate import calibrate
+    from serving.sim.cpu_tiny_measure import warm_up
+    from serving.sim.latency import CPU_TINY_JSON
+
+    vocab = normal_token_ids(model_dir)
+    warm_up(server.url, vocab)
+    return calibrate(server, vocab, spec, out_dir, base=json.loads(CPU_TINY_JSON.read_text()))
 
 
 def load_real(path: Path) -> dict[str, Any]:
@@ -444,6 +475,9 @@ def compare(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+CALIBRATED = "calibrated"  # the key of the profile fitted on the validation's own server (``--calibrate``)
+
+
 def validate_against_sim(
     trace: Trace,
     *,
@@ -453,21 +487,29 @@ def validate_against_sim(
     real_json: Path | None = None,
     profile_jsons: list[Path] | None = None,
     iteration_details: bool = False,
+    calibration: CalibrationSpec | None = None,
 ) -> dict[str, Any]:
     """Real vs simulated on one slice of ``trace``: the real side is a replay on a server this starts
-    (``validate``) or, with ``real_json``, a recorded run (no server; its slice and ``max_num_seqs`` are
-    used and the slice is checked to be the same); then the simulator on that slice once per latency JSON in
-    ``profile_jsons`` (default ``profiles/cpu_tiny.json``). Returns ``{"real", "sim", "compare"}``, the last
-    two keyed by the JSON's path (relative to the repository when inside it).
+    (``validate``, with ``calibration`` measured on it first) or, with ``real_json``, a recorded run (no server;
+    its slice and ``max_num_seqs`` are used and the slice is checked to be the same); then the simulator on that
+    slice once per latency JSON in ``profile_jsons`` (default ``profiles/cpu_tiny.json``), and, when the real
+    run carries a ``calibration`` (fresh or recorded), once more with its fitted profile under the key
+    ``CALIBRATED``. Returns ``{"real", "sim", "compare", "compare_server", "within_goal"}``, the per-profile
+    parts keyed by the JSON's path (relative to the repository when inside it) or ``CALIBRATED``.
 
     Example::
 
         doc = validate_against_sim(read_trace(path), work_dir=Path("out/v"), real_json=Path("run.json"))
         doc["compare"]["serving/sim/profiles/cpu_tiny.json"]["ttft_ms.p50"]["sim_over_real"]
     """
+    import json
+    import tempfile
+
     from serving.sim.latency import CPU_TINY_JSON
 
     if real_json is not None:
+        if calibration is not None:
+            raise ValueError("validate: --calibrate measures on a real server; it cannot go with --real-json")
         real = load_real(real_json)
         spec = spec_of(real)
         max_num_seqs = int(real["server"]["max_num_seqs"])
@@ -482,8 +524,13 @@ def validate_against_sim(
             spec=spec,
             max_num_seqs=max_num_seqs,
             iteration_details=iteration_details,
+            calibration=calibration,
         )
     root = Path(__file__).resolve().parents[2]
+    profiles: dict[str, Path] = {}
+    for path in profile_jsons or [CPU_TINY_JSON]:
+        resolved = Path(path).resolve()
+        profiles[str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)] = Path(path)
     # a recording from before session 6 has no histograms, only the server's window means of TTFT and e2e
     metrics = real.get("server_metrics") or {}
     recorded_means = {
@@ -493,23 +540,62 @@ def validate_against_sim(
     sims: dict[str, Any] = {}
     comparisons: dict[str, Any] = {}
     server_comparisons: dict[str, Any] = {}
-    for path in profile_jsons or [CPU_TINY_JSON]:
-        resolved = Path(path).resolve()
-        key = str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
-        sims[key] = simulate_slice(trace_slice, max_num_seqs=max_num_seqs, latency_json=Path(path))
-        comparisons[key] = compare(real["real"], sims[key])
-        server_comparisons[key] = server_view.compare_server(
-            server_view.histograms_from_json(real.get("server_histograms")),
-            server_view.histograms_from_json(sims[key].get("server_histograms")),
-            real_means_ms=recorded_means,
-        )
+    with tempfile.TemporaryDirectory() as tmp:
+        fitted = (real.get("calibration") or {}).get("profile")
+        if isinstance(fitted, dict):
+            profiles[CALIBRATED] = Path(tmp) / "cpu_tiny_calibrated.json"
+            profiles[CALIBRATED].write_text(json.dumps(fitted))
+        for key, path in profiles.items():
+            sims[key] = simulate_slice(trace_slice, max_num_seqs=max_num_seqs, latency_json=path)
+            comparisons[key] = compare(real["real"], sims[key])
+            server_comparisons[key] = server_view.compare_server(
+                server_view.histograms_from_json(real.get("server_histograms")),
+                server_view.histograms_from_json(sims[key].get("server_histograms")),
+                real_means_ms=recorded_means,
+            )
     return {
         "real": real,
         "sim": sims,
         "compare": comparisons,
         "compare_server": server_comparisons,
         "server_view_recorded": isinstance(real.get("server_histograms"), dict),
+        "within_goal": {
+            key: {"client": within_goal(comparisons[key]), "server": within_goal(server_comparisons[key])}
+            for key in profiles
+        },
     }
+
+
+def side_by_side(doc: dict[str, Any]) -> list[tuple[str, str, Any, list[tuple[float | None, bool]]]]:
+    """``validate_against_sim``'s document as rows ``(view, figure, real ms, [(sim/real, within the goal) per
+    profile, in ``within_goal``'s order])`` for the P50/P90 TTFT and ITL of both views."""
+    keys = list(doc["within_goal"])
+    rows = []
+    for view, part in (("client", "compare"), ("server", "compare_server")):
+        for metric, q in COMPARED:
+            figure = f"{metric}.{q}"
+            cells = [(doc[part][k].get(figure) or {}).get("sim_over_real") for k in keys]
+            real = (doc[part][keys[0]].get(figure) or {}).get("real")
+            rows.append((view, figure, real, [(r, meets_goal(r, figure)) for r in cells]))
+    return rows
+
+
+def tolerance(figure: str) -> float:
+    """The goal's tolerance for a figure (issue 3): 10 % at P50 (and for means), 20 % at P90."""
+    return 0.2 if figure.endswith("p90") else 0.1
+
+
+def meets_goal(sim_over_real: float | None, figure: str) -> bool:
+    """Within the goal's tolerance of the real figure (an unknown ratio does not meet it)."""
+    return sim_over_real is not None and abs(sim_over_real - 1.0) <= tolerance(figure)
+
+
+def within_goal(compared: dict[str, Any]) -> dict[str, Any]:
+    """Of the P50/P90 TTFT and ITL figures of a ``compare`` / ``compare_server`` result: ``{"met": n, "of": 4,
+    "outside": [figures]}``."""
+    figures = [f"{m}.{q}" for m, q in COMPARED]
+    outside = [f for f in figures if not meets_goal((compared.get(f) or {}).get("sim_over_real"), f)]
+    return {"met": len(figures) - len(outside), "of": len(figures), "outside": outside}
 
 
 def ttft_by_arrival_state(

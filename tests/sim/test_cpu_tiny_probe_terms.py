@@ -286,7 +286,7 @@ def test_refit_writes_the_probe_terms(tmp_path: Path) -> None:
                 ttft = 20.0 + 0.03 * n + (150.0 if gap >= 1.0 else 0.0)
                 probes.append(bench.ProbeRow("idle", n, 0, gap, ttft, math.nan, -1, rep))
     csv_path = tmp_path / "probes.csv"
-    bench._write_probe_csv(probes, csv_path, "test", "0.1", "synthetic")
+    bench.write_probe_csv(probes, csv_path, "test", "0.1", "synthetic")
     data = bench.read_probes(csv_path)
     admission, wake = bench.probe_fits(data, COEF, 9.0)
     assert admission["baseline_ms"] == pytest.approx(1.5)

