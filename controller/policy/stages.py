@@ -42,6 +42,14 @@ def _recent_from(rows: tuple[Row, ...], now_s: float, window_s: float, closed: b
     return bisect.bisect_left(times, True, key=lambda t: now_s - t < window_s)
 
 
+def _suffix_start(rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool = False) -> int:
+    """``_recent_from`` for rows the caller knows to be in time order, with finite times and ``now_s`` (a
+    suffix of rows it has checked, say): the bisection alone, without the O(n) check."""
+    if closed:
+        return bisect.bisect_left(rows, True, key=lambda r: now_s - r[0] <= window_s)
+    return bisect.bisect_left(rows, True, key=lambda r: now_s - r[0] < window_s)
+
+
 def recent_rows(
     rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool = False
 ) -> tuple[Row, ...]:
@@ -726,8 +734,15 @@ def hysteresis_stage(
     """
     window_s = max(cfg.scale_down_delay_s, hold_s)
     keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
-    kept = recent_rows(history.recent_targets, now_s, keep_s)
-    recent = (*recent_rows(kept, now_s, window_s), (now_s, wanted))
+    start = _recent_from(history.recent_targets, now_s, keep_s, closed=False)
+    if start is None:  # not in time order: filtered one by one, as recent_rows does
+        kept = recent_rows(history.recent_targets, now_s, keep_s)
+        recent = (*recent_rows(kept, now_s, window_s), (now_s, wanted))
+        in_order = False
+    else:  # checked once: every window below is a suffix of it, found by bisection alone
+        kept = history.recent_targets[start:]
+        recent = (*kept[_suffix_start(kept, now_s, window_s) :], (now_s, wanted))
+        in_order = not kept or kept[-1][0] <= now_s
     target = wanted
     reason = None
     if current > 0 and abs(target - current) / current <= cfg.tolerance:
@@ -749,7 +764,7 @@ def hysteresis_stage(
                 reason = f"{role}: ramp-up limit {current} → {limit} (wanted {target})"
                 target = limit
     elif target < current:
-        held = window_hold(recent, now_s, cfg.scale_down_delay_s, cfg.scale_down_quantile)
+        held = window_hold(recent, now_s, cfg.scale_down_delay_s, cfg.scale_down_quantile, in_order=in_order)
         since_up = now_s - history.last_scale_up_s
         if not can_scale_down:
             target, reason = current, f"{role}: no scale-down on incomplete data"
@@ -776,15 +791,25 @@ def hysteresis_stage(
 
 
 def window_hold(
-    recent: tuple[tuple[float, int], ...], now_s: float, delay_s: float, quantile: float = 1.0
+    recent: tuple[tuple[float, int], ...],
+    now_s: float,
+    delay_s: float,
+    quantile: float = 1.0,
+    *,
+    in_order: bool = False,
 ) -> int:
     """The target the scale-down window keeps: the highest target of ``recent`` (the window, which a burst hold
     may have lengthened) older than ``delay_s``, and the ``quantile`` of those within the last ``delay_s``
     (the smallest target at least that fraction of them is at or below; 1 = their maximum). A one-tick
     spike of the per-second target (one long prompt, Poisson noise) is then not held for a whole window,
     while a target wanted for more than ``1 - quantile`` of the window is. A burst hold's longer window
-    keeps its maximum: it is there to keep the burst's peak."""
-    start = _recent_from(recent, now_s, delay_s, closed=False)
+    keeps its maximum: it is there to keep the burst's peak. ``in_order``: the caller knows ``recent`` is in
+    time order with finite times and ``now_s`` (``hysteresis_stage`` has checked it), so it is not checked again."""
+    start = (
+        _suffix_start(recent, now_s, delay_s)
+        if in_order
+        else _recent_from(recent, now_s, delay_s, closed=False)
+    )
     if start is not None:  # in time order: the window's last delay_s is a suffix
         inner = sorted(w for _, w in recent[start:])
         outer = [w for _, w in recent[:start]]
