@@ -86,7 +86,13 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     reasons.extend(why_sized)
     standby_target = {r: max(standby_target[r], reserve_standby[i]) for i, r in enumerate(ROLES)}
     prefill, decode, state, why_standby = stages.standby_stage(
-        prefill, decode, obs, cfg, state, (standby_target["prefill"], standby_target["decode"])
+        prefill,
+        decode,
+        obs,
+        cfg,
+        state,
+        (standby_target["prefill"], standby_target["decode"]),
+        rate_history_updated=True,
     )
     reasons.extend(why_standby)
 

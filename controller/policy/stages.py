@@ -663,13 +663,22 @@ def standby_stage(
     cfg: PolicyConfig,
     state: PoolState,
     standby: tuple[int, int] | None = None,
+    *,
+    rate_history_updated: bool = False,
 ) -> tuple[int, int, PoolState, tuple[str, ...]]:
     """Stage 4: warm standby. On a burst alert (burst probability over its threshold, or the arrival rate
     growing faster than ``qps_change_alert_per_min``) the standby replicas — ``standby`` (prefill, decode),
     default the configured counts — are promoted (counted into the active target) and held for
-    ``alert_hold_s``; the standby targets stay, so standby is refilled."""
+    ``alert_hold_s``; the standby targets stay, so standby is refilled. ``rate_history_updated``: the caller
+    has already applied this ``obs``'s ``update_rate_history`` to ``state.rate_history`` (``decide`` does, for
+    the trend), so it is taken as it is: a second update at the same ``now_s`` leaves it unchanged (the window
+    keeps the row it appended, and it appends none twice)."""
     sb_prefill, sb_decode = standby if standby is not None else (cfg.standby_prefill, cfg.standby_decode)
-    history = update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
+    history = (
+        state.rate_history
+        if rate_history_updated
+        else update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
+    )
     change = qps_change_per_min(history)
     burst = obs.forecast.burst_prob if obs.forecast else math.nan
     reasons: list[str] = []

@@ -12,7 +12,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.config import PolicyConfig
 from controller.policy import stages
+from controller.policy.types import RoleHistory
 
 FLOATS = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
 ODD = st.sampled_from([math.nan, math.inf, -math.inf, -1.0])
@@ -230,3 +232,51 @@ def test_window_hold_is_its_definition(
     outer = [w for t, w in recent if now_s - t >= delay_s]
     held = inner[max(math.ceil(q * len(inner) - 1e-9) - 1, 0)] if inner else 0
     assert stages.window_hold(recent, now_s, delay_s, q) == max([held, *outer])
+    if in_order:  # what hysteresis_stage passes for a history it has checked: no second check, same hold
+        assert stages.window_hold(recent, now_s, delay_s, q, in_order=True) == max([held, *outer])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(TIMES, st.integers(0, 9)), max_size=30),
+    st.booleans(),
+    st.one_of(TIMES, st.just(1.7e9 + 5.0)),
+    st.integers(0, 9),
+    st.integers(0, 9),
+    st.sampled_from([0.0, 5.0, 60.0, 300.0]),
+)
+def test_hysteresis_keeps_the_filtered_targets(
+    rows: list[tuple[float, int]], in_order: bool, now_s: float, wanted: int, current: int, hold_s: float
+) -> None:
+    """The targets the stage remembers are its keep window filtered one by one, in and out of time order,
+    NaN and inf times included (the order is checked once and the windows bisected)."""
+    if in_order and not any(math.isnan(t) for t, _ in rows):
+        rows = sorted(rows)
+    cfg = PolicyConfig(scale_down_delay_s=60.0, burst_hold_max_s=300.0)
+    history = RoleHistory(recent_targets=tuple(rows))
+    _, new, _ = stages.hysteresis_stage(
+        "decode", wanted, current, now_s, cfg, history, can_scale_down=True, fast_up=0, hold_s=hold_s
+    )
+    keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
+    assert new.recent_targets == (*(r for r in rows if now_s - r[0] < keep_s), (now_s, wanted))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(TIMES, st.one_of(FLOATS, ODD)), max_size=30),
+    st.booleans(),
+    st.one_of(TIMES, st.just(1.7e9 + 5.0)),
+    st.one_of(FLOATS, ODD),
+)
+def test_the_rate_history_update_is_idempotent(
+    rows: list[tuple[float, float]], in_order: bool, now_s: float, rps: float
+) -> None:
+    """What lets ``decide`` pass ``rate_history_updated`` to ``standby_stage``: a second update with the same
+    observation changes nothing, in and out of time order, NaN and inf included."""
+    if in_order and not any(math.isnan(t) for t, _ in rows):
+        rows = sorted(rows, key=lambda r: r[0])
+    once = stages.update_rate_history(tuple(rows), now_s, rps)
+    twice = stages.update_rate_history(once, now_s, rps)
+    assert len(twice) == len(once)
+    pairs = (xy for a, b in zip(once, twice, strict=True) for xy in zip(a, b, strict=True))
+    assert all(_same(x, y) for x, y in pairs)
