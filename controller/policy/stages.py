@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from controller.config import PolicyConfig
-from controller.policy.types import LeadPeaks, PoolCapacity, PoolObservation, PoolState, RoleHistory
+from controller.policy.types import LeadPeaks, PoolCapacity, PoolObservation, PoolState, RoleHistory, evolve
 
 MAX_NEED = 1e9  # instances; larger demand is clipped here (min/max clamp it far lower anyway)
 
@@ -695,7 +695,7 @@ def standby_stage(
         reasons.append(
             f"standby promoted until t={alert_until:.0f} s: +{sb_prefill} prefill, +{sb_decode} decode"
         )
-    new_state = replace(state, rate_history=history, alert_until_s=alert_until)
+    new_state = evolve(state, rate_history=history, alert_until_s=alert_until)
     return prefill, decode, new_state, tuple(reasons)
 
 
@@ -843,13 +843,13 @@ def degrade_stage(
     if over:
         since = state.degrade_since_s if degraded else now_s
         reason = f"degrade: demand prefill {need_prefill}, decode {need_decode} exceeds max replicas"
-        return True, replace(state, degrade_since_s=since, calm_since_s=math.nan), reason
+        return True, evolve(state, degrade_since_s=since, calm_since_s=math.nan), reason
     if not degraded:
         return False, state, None
     calm = state.calm_since_s if not math.isnan(state.calm_since_s) else now_s
     if now_s - calm >= cfg.degrade_recover_s:
-        return False, replace(state, degrade_since_s=math.nan, calm_since_s=math.nan), "degrade lifted"
-    return True, replace(state, calm_since_s=calm), f"degrade held: calm for {now_s - calm:.0f} s"
+        return False, evolve(state, degrade_since_s=math.nan, calm_since_s=math.nan), "degrade lifted"
+    return True, evolve(state, calm_since_s=calm), f"degrade held: calm for {now_s - calm:.0f} s"
 
 
 def clamp(value: int, lo: int, hi: int) -> int:
@@ -883,7 +883,7 @@ def load_need(obs: PoolObservation, cap: PoolCapacity, offered: bool = True) -> 
     prompt_tps = obs.prompt_tps
     if offered and _known(prompt_tps) and _known(obs.arrival_rps) and _known(obs.mean_prompt_tokens):
         prompt_tps = max(prompt_tps, obs.arrival_rps * obs.mean_prompt_tokens)
-    measured = replace(obs, forecast=None, waiting_requests=0.0, prompt_tps=prompt_tps, running_seqs=math.nan)
+    measured = evolve(obs, forecast=None, waiting_requests=0.0, prompt_tps=prompt_tps, running_seqs=math.nan)
     need = capacity_target(measured, cap, slo_ttft_s=1.0)  # no queue: the SLO is moot
     return (need.prefill, need.decode) if need is not None else (math.nan, math.nan)
 
@@ -1173,9 +1173,9 @@ def burst_reserve_stage(
     keep_s = cfg.burst_window_s + cfg.provision_lead_s
     blocks, opened = update_need_blocks(state.need_blocks, obs.now_s, now_need, keep_s)
     if opened and (cfg.burst_hold != "off" or cfg.short_burst_cap):
-        state = replace(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
+        state = evolve(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
     if cfg.burst_reserve == "off":
-        return prefill, decode, (0, 0), replace(state, need_blocks=blocks), ()
+        return prefill, decode, (0, 0), evolve(state, need_blocks=blocks), ()
     level = trailing_need(blocks) if cfg.burst_reserve_level == "block" else now_need
     rise, peak = state.reserve
     final = state.need_peaks
@@ -1183,7 +1183,7 @@ def burst_reserve_stage(
         (rise, peak), final = burst_reserve_kept(
             blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom, cfg.burst_peak_quantile, final
         )
-    state = replace(state, need_blocks=blocks, reserve=(rise, peak), need_peaks=final)
+    state = evolve(state, need_blocks=blocks, reserve=(rise, peak), need_peaks=final)
     if not all(_known(x) for x in (*level, *rise, *peak)):
         return prefill, decode, (0, 0), state, ()
     peak_h = (cfg.burst_peak_headroom != "none", cfg.burst_peak_headroom == "both")
@@ -1222,9 +1222,9 @@ def idle_stretch(
     if not _idle_need(need):
         if math.isfinite(state.idle_since_s) and now_s - state.idle_since_s >= release_s:
             state = resume_history(state, now_s)
-        return 0.0, replace(state, idle_since_s=math.nan)
+        return 0.0, evolve(state, idle_since_s=math.nan)
     since = state.idle_since_s if math.isfinite(state.idle_since_s) else now_s
-    return now_s - since, replace(state, idle_since_s=since)
+    return now_s - since, evolve(state, idle_since_s=since)
 
 
 def resume_history(state: PoolState, now_s: float) -> PoolState:
@@ -1251,7 +1251,7 @@ def resume_history(state: PoolState, now_s: float) -> PoolState:
     moved = tuple((t + shift, p, d, n) for t, p, d, n in blocks)
     runs = tuple((a + shift, b + shift) for a, b in state.burst_runs)
     pauses = (*tuple(t + shift for t in state.pauses if t + shift >= moved[0][0]), start)
-    return replace(state, need_blocks=moved, burst_runs=runs, pauses=pauses, need_peaks=LeadPeaks())
+    return evolve(state, need_blocks=moved, burst_runs=runs, pauses=pauses, need_peaks=LeadPeaks())
 
 
 def smooth_load(obs: PoolObservation, state: PoolState, window_s: float) -> tuple[PoolObservation, PoolState]:
@@ -1273,8 +1273,8 @@ def smooth_load(obs: PoolObservation, state: PoolState, window_s: float) -> tupl
         known = [r[i] for r in recent if _known(r[i])]
         return sum(known) / len(known) if known and _known(sample[i]) else sample[i]
 
-    smoothed = replace(obs, arrival_rps=mean(1), prompt_tps=mean(2), gen_tps=mean(3))
-    return smoothed, replace(state, load_recent=recent)
+    smoothed = evolve(obs, arrival_rps=mean(1), prompt_tps=mean(2), gen_tps=mean(3))
+    return smoothed, evolve(state, load_recent=recent)
 
 
 def queue_age(obs: PoolObservation, state: PoolState) -> tuple[float, PoolState]:
@@ -1285,9 +1285,9 @@ def queue_age(obs: PoolObservation, state: PoolState) -> tuple[float, PoolState]
         since = state.queue_since_s
         return (obs.now_s - since if math.isfinite(since) else 0.0), state
     if waiting <= 0:
-        return 0.0, replace(state, queue_since_s=math.nan)
+        return 0.0, evolve(state, queue_since_s=math.nan)
     since = state.queue_since_s if math.isfinite(state.queue_since_s) else obs.now_s
-    return obs.now_s - since, replace(state, queue_since_s=since)
+    return obs.now_s - since, evolve(state, queue_since_s=since)
 
 
 def update_burst_runs(

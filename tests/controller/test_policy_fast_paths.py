@@ -6,15 +6,17 @@ Compared with ``==`` on floats, NaN for NaN: no tolerance."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.config import PolicyConfig
 from controller.policy import stages
-from controller.policy.types import RoleHistory
+from controller.policy.types import PoolObservation, PoolState, RoleHistory, evolve
 
 FLOATS = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
 ODD = st.sampled_from([math.nan, math.inf, -math.inf, -1.0])
@@ -280,3 +282,38 @@ def test_the_rate_history_update_is_idempotent(
     assert len(twice) == len(once)
     pairs = (xy for a, b in zip(once, twice, strict=True) for xy in zip(a, b, strict=True))
     assert all(_same(x, y) for x, y in pairs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.one_of(FLOATS, ODD),
+    st.lists(st.tuples(TIMES, FLOATS), max_size=5),
+    st.sampled_from(["smoothed", "state"]),
+)
+def test_evolve_is_dataclasses_replace(rate: float, rows: list[tuple[float, float]], which: str) -> None:
+    """The policy's fast replace gives the value ``dataclasses.replace`` gives (equal, same repr, fields in
+    the same order), leaves its input as it was, and refuses a field the class does not have."""
+    obs = PoolObservation(
+        pool="p", now_s=1.0, replicas={"prefill": 1}, active={}, standby={}, provisioning={},
+        arrival_rps=2.0, prompt_tps=3.0, gen_tps=4.0, running_seqs=5.0, waiting_requests=0.0,
+        oldest_wait_s=math.nan, kv_usage=0.1, mean_prompt_tokens=100.0, mean_output_tokens=50.0,
+    )  # fmt: skip
+    state = PoolState(rate_history=((0.0, 1.0),))
+    before = repr(obs), repr(state)
+    fast: PoolObservation | PoolState
+    slow: PoolObservation | PoolState
+    if which == "smoothed":
+        c: dict[str, object] = {"arrival_rps": rate, "forecast": None, "complete": False}
+        fast, slow = evolve(obs, **c), dataclasses.replace(obs, **c)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            evolve(obs, no_such_field=1)
+    else:
+        c = {"rate_history": tuple(rows), "alert_until_s": rate}
+        fast, slow = evolve(state, **c), dataclasses.replace(state, **c)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            evolve(state, no_such_field=1)
+    assert type(fast) is type(slow)
+    assert fast == slow  # the same field objects: NaN included
+    assert list(vars(fast)) == list(vars(slow))
+    assert repr(fast) == repr(slow)
+    assert (repr(obs), repr(state)) == before
