@@ -24,6 +24,8 @@ MAX_NEED = 1e9  # instances; larger demand is clipped here (min/max clamp it far
 
 Row = TypeVar("Row", bound=tuple[Any, ...])
 _TIME = operator.itemgetter(0)
+# a row's columns, read in C (no Python loop per row)
+_SECOND, _THIRD = operator.itemgetter(1), operator.itemgetter(2)
 
 
 def _recent_from(rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool) -> int | None:
@@ -653,7 +655,7 @@ def hold_standby(
     do): a standby that flaps with the forecast's spread is a cold start every few ticks and is never warm
     when the rise comes. Returns (the remembered window, the held (prefill, decode) standby)."""
     window = (*recent_rows(recent, now_s, delay_s), (now_s, sized[0], sized[1]))
-    return window, (max(p for _, p, _ in window), max(d for _, _, d in window))
+    return window, (max(map(_SECOND, window)), max(map(_THIRD, window)))
 
 
 def standby_stage(
@@ -820,8 +822,8 @@ def window_hold(
         else _recent_from(recent, now_s, delay_s, closed=False)
     )
     if start is not None:  # in time order: the window's last delay_s is a suffix
-        inner = sorted(w for _, w in recent[start:])
-        outer = [w for _, w in recent[:start]]
+        inner: list[int] = sorted(map(_SECOND, recent[start:]))
+        outer: list[int] = list(map(_SECOND, recent[:start]))
     else:
         inner = sorted(w for t, w in recent if now_s - t < delay_s)
         outer = [w for t, w in recent if now_s - t >= delay_s]
