@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from controller.config import PolicyConfig
 from controller.policy import stages
-from controller.policy.types import PoolObservation, PoolState, RoleHistory, evolve
+from controller.policy.types import ArrivalCalibration, PoolObservation, PoolState, RoleHistory, evolve
 
 FLOATS = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
 ODD = st.sampled_from([math.nan, math.inf, -math.inf, -1.0])
@@ -288,7 +288,7 @@ def test_the_rate_history_update_is_idempotent(
 @given(
     st.one_of(FLOATS, ODD),
     st.lists(st.tuples(TIMES, FLOATS), max_size=5),
-    st.sampled_from(["smoothed", "state"]),
+    st.sampled_from(["smoothed", "state", "calibration"]),
 )
 def test_evolve_is_dataclasses_replace(rate: float, rows: list[tuple[float, float]], which: str) -> None:
     """The policy's fast replace gives the value ``dataclasses.replace`` gives (equal, same repr, fields in
@@ -299,14 +299,20 @@ def test_evolve_is_dataclasses_replace(rate: float, rows: list[tuple[float, floa
         oldest_wait_s=math.nan, kv_usage=0.1, mean_prompt_tokens=100.0, mean_output_tokens=50.0,
     )  # fmt: skip
     state = PoolState(rate_history=((0.0, 1.0),))
-    before = repr(obs), repr(state)
-    fast: PoolObservation | PoolState
-    slow: PoolObservation | PoolState
+    cal = ArrivalCalibration(counted=3.0, pending=((1.0, 2.0, 3.0, 4.0),))
+    before = repr(obs), repr(state), repr(cal)
+    fast: PoolObservation | PoolState | ArrivalCalibration
+    slow: PoolObservation | PoolState | ArrivalCalibration
     if which == "smoothed":
         c: dict[str, object] = {"arrival_rps": rate, "forecast": None, "complete": False}
         fast, slow = evolve(obs, **c), dataclasses.replace(obs, **c)  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             evolve(obs, no_such_field=1)
+    elif which == "calibration":
+        c = {"log_scale": (rate, 0.0), "last_s": rate, "pending": ()}
+        fast, slow = evolve(cal, **c), dataclasses.replace(cal, **c)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            evolve(cal, no_such_field=1)
     else:
         c = {"rate_history": tuple(rows), "alert_until_s": rate}
         fast, slow = evolve(state, **c), dataclasses.replace(state, **c)  # type: ignore[arg-type]
@@ -316,4 +322,4 @@ def test_evolve_is_dataclasses_replace(rate: float, rows: list[tuple[float, floa
     assert fast == slow  # the same field objects: NaN included
     assert list(vars(fast)) == list(vars(slow))
     assert repr(fast) == repr(slow)
-    assert (repr(obs), repr(state)) == before
+    assert (repr(obs), repr(state), repr(cal)) == before
