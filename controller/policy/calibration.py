@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from controller.policy.types import ArrivalCalibration, PoolForecast
+from controller.policy.types import ArrivalCalibration, PoolForecast, evolve
 
 QUANTILES: tuple[float, float] = (0.5, 0.9)  # arrivals_p50, arrivals_p90
 DEFAULT_HORIZON_S = 5.0  # the controller's forecast horizon, for a tick without a forecast
@@ -76,7 +76,7 @@ def update_calibration(
     if math.isfinite(cal.last_s) and not now_s > cal.last_s:
         return cal
     if not _known(arrival_rps):
-        return replace(cal, last_s=now_s, pending=())
+        return evolve(cal, last_s=now_s, pending=())
     dt_s = now_s - cal.last_s if math.isfinite(cal.last_s) else 0.0
     counted = cal.counted + arrival_rps * dt_s
     # a forecast matures one horizon after it was issued (this tick's horizon; the default 5 s when it has none)
@@ -95,7 +95,7 @@ def update_calibration(
         compared += weight
         cov50 += weight * (1 - miss50)
         cov90 += weight * (1 - miss90)
-    cal = replace(
+    cal = evolve(
         cal,
         log_scale=(log50, log90),
         counted=counted,
@@ -106,7 +106,7 @@ def update_calibration(
     issued = _issued(forecast, cal)
     if issued is not None:
         waiting.append((now_s, counted, *issued))
-    return replace(cal, pending=tuple(waiting[-MAX_PENDING:]))
+    return evolve(cal, pending=tuple(waiting[-MAX_PENDING:]))
 
 
 def calibrated_forecast(

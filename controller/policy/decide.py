@@ -16,6 +16,7 @@ from controller.policy.types import (
     PoolState,
     RoleHistory,
     ScalingPlan,
+    evolve,
 )
 
 
@@ -55,7 +56,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         return None, state
     state = smoothed
     reasons = [*need.reasons, why_calibrated] if why_calibrated else list(need.reasons)
-    state = replace(
+    state = evolve(
         state, rate_history=stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
     )
     factor, why_trend = stages.trend_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
@@ -86,7 +87,13 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     reasons.extend(why_sized)
     standby_target = {r: max(standby_target[r], reserve_standby[i]) for i, r in enumerate(ROLES)}
     prefill, decode, state, why_standby = stages.standby_stage(
-        prefill, decode, obs, cfg, state, (standby_target["prefill"], standby_target["decode"])
+        prefill,
+        decode,
+        obs,
+        cfg,
+        state,
+        (standby_target["prefill"], standby_target["decode"]),
+        rate_history_updated=True,
     )
     reasons.extend(why_standby)
 
@@ -156,7 +163,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
                     f" target{settled} already absorb a burst"
                 )
                 standby_target[role] = kept
-    state = replace(state, roles=roles)
+    state = evolve(state, roles=roles)
     plan = ScalingPlan(
         pool=obs.pool,
         prefill=final["prefill"],
@@ -192,7 +199,7 @@ def _calibrate_arrivals(
     forecast, why = calibration.calibrated_forecast(
         obs.forecast, cal, obs.arrival_rps, params, saturated=stages.decode_saturated(obs, cap)
     )
-    return replace(obs, forecast=forecast), replace(state, arrival_calibration=cal), why
+    return evolve(obs, forecast=forecast), evolve(state, arrival_calibration=cal), why
 
 
 def _standby_targets(
@@ -214,7 +221,7 @@ def _standby_targets(
     )
     if held != (target["prefill"], target["decode"]):
         reasons.append(f"standby held at {held[0]} prefill, {held[1]} decode for {hold_s:.0f} s")
-    return {"prefill": held[0], "decode": held[1]}, replace(state, standby_recent=recent), reasons
+    return {"prefill": held[0], "decode": held[1]}, evolve(state, standby_recent=recent), reasons
 
 
 def _settled_spare(
@@ -229,7 +236,7 @@ def _settled_spare(
     recent, held = stages.hold_standby(
         state.spare_recent, now_s, (spares["prefill"], spares["decode"]), window_s
     )
-    return {"prefill": held[0], "decode": held[1]}, replace(state, spare_recent=recent)
+    return {"prefill": held[0], "decode": held[1]}, evolve(state, spare_recent=recent)
 
 
 def _with_count(plan: ScalingPlan, field: str, value: int, reason: str) -> ScalingPlan:

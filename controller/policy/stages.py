@@ -18,12 +18,14 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from controller.config import PolicyConfig
-from controller.policy.types import LeadPeaks, PoolCapacity, PoolObservation, PoolState, RoleHistory
+from controller.policy.types import LeadPeaks, PoolCapacity, PoolObservation, PoolState, RoleHistory, evolve
 
 MAX_NEED = 1e9  # instances; larger demand is clipped here (min/max clamp it far lower anyway)
 
 Row = TypeVar("Row", bound=tuple[Any, ...])
 _TIME = operator.itemgetter(0)
+# a row's columns, read in C (no Python loop per row)
+_SECOND, _THIRD = operator.itemgetter(1), operator.itemgetter(2)
 
 
 def _recent_from(rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool) -> int | None:
@@ -40,6 +42,14 @@ def _recent_from(rows: tuple[Row, ...], now_s: float, window_s: float, closed: b
     if closed:
         return bisect.bisect_left(times, True, key=lambda t: now_s - t <= window_s)
     return bisect.bisect_left(times, True, key=lambda t: now_s - t < window_s)
+
+
+def _suffix_start(rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool = False) -> int:
+    """``_recent_from`` for rows the caller knows to be in time order, with finite times and ``now_s`` (a
+    suffix of rows it has checked, say): the bisection alone, without the O(n) check."""
+    if closed:
+        return bisect.bisect_left(rows, True, key=lambda r: now_s - r[0] <= window_s)
+    return bisect.bisect_left(rows, True, key=lambda r: now_s - r[0] < window_s)
 
 
 def recent_rows(
@@ -645,7 +655,7 @@ def hold_standby(
     do): a standby that flaps with the forecast's spread is a cold start every few ticks and is never warm
     when the rise comes. Returns (the remembered window, the held (prefill, decode) standby)."""
     window = (*recent_rows(recent, now_s, delay_s), (now_s, sized[0], sized[1]))
-    return window, (max(p for _, p, _ in window), max(d for _, _, d in window))
+    return window, (max(map(_SECOND, window)), max(map(_THIRD, window)))
 
 
 def standby_stage(
@@ -655,13 +665,22 @@ def standby_stage(
     cfg: PolicyConfig,
     state: PoolState,
     standby: tuple[int, int] | None = None,
+    *,
+    rate_history_updated: bool = False,
 ) -> tuple[int, int, PoolState, tuple[str, ...]]:
     """Stage 4: warm standby. On a burst alert (burst probability over its threshold, or the arrival rate
     growing faster than ``qps_change_alert_per_min``) the standby replicas — ``standby`` (prefill, decode),
     default the configured counts — are promoted (counted into the active target) and held for
-    ``alert_hold_s``; the standby targets stay, so standby is refilled."""
+    ``alert_hold_s``; the standby targets stay, so standby is refilled. ``rate_history_updated``: the caller
+    has already applied this ``obs``'s ``update_rate_history`` to ``state.rate_history`` (``decide`` does, for
+    the trend), so it is taken as it is: a second update at the same ``now_s`` leaves it unchanged (the window
+    keeps the row it appended, and it appends none twice)."""
     sb_prefill, sb_decode = standby if standby is not None else (cfg.standby_prefill, cfg.standby_decode)
-    history = update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
+    history = (
+        state.rate_history
+        if rate_history_updated
+        else update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
+    )
     change = qps_change_per_min(history)
     burst = obs.forecast.burst_prob if obs.forecast else math.nan
     reasons: list[str] = []
@@ -678,7 +697,7 @@ def standby_stage(
         reasons.append(
             f"standby promoted until t={alert_until:.0f} s: +{sb_prefill} prefill, +{sb_decode} decode"
         )
-    new_state = replace(state, rate_history=history, alert_until_s=alert_until)
+    new_state = evolve(state, rate_history=history, alert_until_s=alert_until)
     return prefill, decode, new_state, tuple(reasons)
 
 
@@ -726,8 +745,15 @@ def hysteresis_stage(
     """
     window_s = max(cfg.scale_down_delay_s, hold_s)
     keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
-    kept = recent_rows(history.recent_targets, now_s, keep_s)
-    recent = (*recent_rows(kept, now_s, window_s), (now_s, wanted))
+    start = _recent_from(history.recent_targets, now_s, keep_s, closed=False)
+    if start is None:  # not in time order: filtered one by one, as recent_rows does
+        kept = recent_rows(history.recent_targets, now_s, keep_s)
+        recent = (*recent_rows(kept, now_s, window_s), (now_s, wanted))
+        in_order = False
+    else:  # checked once: every window below is a suffix of it, found by bisection alone
+        kept = history.recent_targets[start:]
+        recent = (*kept[_suffix_start(kept, now_s, window_s) :], (now_s, wanted))
+        in_order = not kept or kept[-1][0] <= now_s
     target = wanted
     reason = None
     if current > 0 and abs(target - current) / current <= cfg.tolerance:
@@ -749,7 +775,7 @@ def hysteresis_stage(
                 reason = f"{role}: ramp-up limit {current} → {limit} (wanted {target})"
                 target = limit
     elif target < current:
-        held = window_hold(recent, now_s, cfg.scale_down_delay_s, cfg.scale_down_quantile)
+        held = window_hold(recent, now_s, cfg.scale_down_delay_s, cfg.scale_down_quantile, in_order=in_order)
         since_up = now_s - history.last_scale_up_s
         if not can_scale_down:
             target, reason = current, f"{role}: no scale-down on incomplete data"
@@ -776,18 +802,28 @@ def hysteresis_stage(
 
 
 def window_hold(
-    recent: tuple[tuple[float, int], ...], now_s: float, delay_s: float, quantile: float = 1.0
+    recent: tuple[tuple[float, int], ...],
+    now_s: float,
+    delay_s: float,
+    quantile: float = 1.0,
+    *,
+    in_order: bool = False,
 ) -> int:
     """The target the scale-down window keeps: the highest target of ``recent`` (the window, which a burst hold
     may have lengthened) older than ``delay_s``, and the ``quantile`` of those within the last ``delay_s``
     (the smallest target at least that fraction of them is at or below; 1 = their maximum). A one-tick
     spike of the per-second target (one long prompt, Poisson noise) is then not held for a whole window,
     while a target wanted for more than ``1 - quantile`` of the window is. A burst hold's longer window
-    keeps its maximum: it is there to keep the burst's peak."""
-    start = _recent_from(recent, now_s, delay_s, closed=False)
+    keeps its maximum: it is there to keep the burst's peak. ``in_order``: the caller knows ``recent`` is in
+    time order with finite times and ``now_s`` (``hysteresis_stage`` has checked it), so it is not checked again."""
+    start = (
+        _suffix_start(recent, now_s, delay_s)
+        if in_order
+        else _recent_from(recent, now_s, delay_s, closed=False)
+    )
     if start is not None:  # in time order: the window's last delay_s is a suffix
-        inner = sorted(w for _, w in recent[start:])
-        outer = [w for _, w in recent[:start]]
+        inner: list[int] = sorted(map(_SECOND, recent[start:]))
+        outer: list[int] = list(map(_SECOND, recent[:start]))
     else:
         inner = sorted(w for t, w in recent if now_s - t < delay_s)
         outer = [w for t, w in recent if now_s - t >= delay_s]
@@ -809,13 +845,13 @@ def degrade_stage(
     if over:
         since = state.degrade_since_s if degraded else now_s
         reason = f"degrade: demand prefill {need_prefill}, decode {need_decode} exceeds max replicas"
-        return True, replace(state, degrade_since_s=since, calm_since_s=math.nan), reason
+        return True, evolve(state, degrade_since_s=since, calm_since_s=math.nan), reason
     if not degraded:
         return False, state, None
     calm = state.calm_since_s if not math.isnan(state.calm_since_s) else now_s
     if now_s - calm >= cfg.degrade_recover_s:
-        return False, replace(state, degrade_since_s=math.nan, calm_since_s=math.nan), "degrade lifted"
-    return True, replace(state, calm_since_s=calm), f"degrade held: calm for {now_s - calm:.0f} s"
+        return False, evolve(state, degrade_since_s=math.nan, calm_since_s=math.nan), "degrade lifted"
+    return True, evolve(state, calm_since_s=calm), f"degrade held: calm for {now_s - calm:.0f} s"
 
 
 def clamp(value: int, lo: int, hi: int) -> int:
@@ -849,7 +885,7 @@ def load_need(obs: PoolObservation, cap: PoolCapacity, offered: bool = True) -> 
     prompt_tps = obs.prompt_tps
     if offered and _known(prompt_tps) and _known(obs.arrival_rps) and _known(obs.mean_prompt_tokens):
         prompt_tps = max(prompt_tps, obs.arrival_rps * obs.mean_prompt_tokens)
-    measured = replace(obs, forecast=None, waiting_requests=0.0, prompt_tps=prompt_tps, running_seqs=math.nan)
+    measured = evolve(obs, forecast=None, waiting_requests=0.0, prompt_tps=prompt_tps, running_seqs=math.nan)
     need = capacity_target(measured, cap, slo_ttft_s=1.0)  # no queue: the SLO is moot
     return (need.prefill, need.decode) if need is not None else (math.nan, math.nan)
 
@@ -1139,9 +1175,9 @@ def burst_reserve_stage(
     keep_s = cfg.burst_window_s + cfg.provision_lead_s
     blocks, opened = update_need_blocks(state.need_blocks, obs.now_s, now_need, keep_s)
     if opened and (cfg.burst_hold != "off" or cfg.short_burst_cap):
-        state = replace(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
+        state = evolve(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
     if cfg.burst_reserve == "off":
-        return prefill, decode, (0, 0), replace(state, need_blocks=blocks), ()
+        return prefill, decode, (0, 0), evolve(state, need_blocks=blocks), ()
     level = trailing_need(blocks) if cfg.burst_reserve_level == "block" else now_need
     rise, peak = state.reserve
     final = state.need_peaks
@@ -1149,7 +1185,7 @@ def burst_reserve_stage(
         (rise, peak), final = burst_reserve_kept(
             blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom, cfg.burst_peak_quantile, final
         )
-    state = replace(state, need_blocks=blocks, reserve=(rise, peak), need_peaks=final)
+    state = evolve(state, need_blocks=blocks, reserve=(rise, peak), need_peaks=final)
     if not all(_known(x) for x in (*level, *rise, *peak)):
         return prefill, decode, (0, 0), state, ()
     peak_h = (cfg.burst_peak_headroom != "none", cfg.burst_peak_headroom == "both")
@@ -1188,9 +1224,9 @@ def idle_stretch(
     if not _idle_need(need):
         if math.isfinite(state.idle_since_s) and now_s - state.idle_since_s >= release_s:
             state = resume_history(state, now_s)
-        return 0.0, replace(state, idle_since_s=math.nan)
+        return 0.0, evolve(state, idle_since_s=math.nan)
     since = state.idle_since_s if math.isfinite(state.idle_since_s) else now_s
-    return now_s - since, replace(state, idle_since_s=since)
+    return now_s - since, evolve(state, idle_since_s=since)
 
 
 def resume_history(state: PoolState, now_s: float) -> PoolState:
@@ -1217,7 +1253,7 @@ def resume_history(state: PoolState, now_s: float) -> PoolState:
     moved = tuple((t + shift, p, d, n) for t, p, d, n in blocks)
     runs = tuple((a + shift, b + shift) for a, b in state.burst_runs)
     pauses = (*tuple(t + shift for t in state.pauses if t + shift >= moved[0][0]), start)
-    return replace(state, need_blocks=moved, burst_runs=runs, pauses=pauses, need_peaks=LeadPeaks())
+    return evolve(state, need_blocks=moved, burst_runs=runs, pauses=pauses, need_peaks=LeadPeaks())
 
 
 def smooth_load(obs: PoolObservation, state: PoolState, window_s: float) -> tuple[PoolObservation, PoolState]:
@@ -1239,8 +1275,8 @@ def smooth_load(obs: PoolObservation, state: PoolState, window_s: float) -> tupl
         known = [r[i] for r in recent if _known(r[i])]
         return sum(known) / len(known) if known and _known(sample[i]) else sample[i]
 
-    smoothed = replace(obs, arrival_rps=mean(1), prompt_tps=mean(2), gen_tps=mean(3))
-    return smoothed, replace(state, load_recent=recent)
+    smoothed = evolve(obs, arrival_rps=mean(1), prompt_tps=mean(2), gen_tps=mean(3))
+    return smoothed, evolve(state, load_recent=recent)
 
 
 def queue_age(obs: PoolObservation, state: PoolState) -> tuple[float, PoolState]:
@@ -1251,9 +1287,9 @@ def queue_age(obs: PoolObservation, state: PoolState) -> tuple[float, PoolState]
         since = state.queue_since_s
         return (obs.now_s - since if math.isfinite(since) else 0.0), state
     if waiting <= 0:
-        return 0.0, replace(state, queue_since_s=math.nan)
+        return 0.0, evolve(state, queue_since_s=math.nan)
     since = state.queue_since_s if math.isfinite(state.queue_since_s) else obs.now_s
-    return obs.now_s - since, replace(state, queue_since_s=since)
+    return obs.now_s - since, evolve(state, queue_since_s=since)
 
 
 def update_burst_runs(

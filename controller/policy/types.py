@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 ROLES: tuple[str, ...] = ("prefill", "decode")
 
@@ -182,3 +183,29 @@ class PoolState:
     pauses: tuple[float, ...] = ()
     # the arrival forecast's coverage tracking (controller.policy.calibration; PolicyConfig.arrival_calibration)
     arrival_calibration: ArrivalCalibration = field(default_factory=lambda: ArrivalCalibration())
+
+
+_Evolvable = TypeVar("_Evolvable", ArrivalCalibration, PoolObservation, PoolState)
+_FIELDS: dict[type, frozenset[str]] = {
+    cls: frozenset(f.name for f in fields(cls)) for cls in (ArrivalCalibration, PoolObservation, PoolState)
+}
+for _cls in _FIELDS:  # what evolve relies on: __init__ only stores the fields
+    if hasattr(_cls, "__post_init__") or any(not f.init for f in fields(_cls)):
+        raise TypeError(f"evolve: {_cls.__name__} must have no __post_init__ and no init=False field")
+
+
+def evolve(value: _Evolvable, **changes: Any) -> _Evolvable:
+    """``dataclasses.replace(value, **changes)`` for an ``ArrivalCalibration``, a ``PoolObservation`` or a
+    ``PoolState``: an equal value (same fields, same order), without replace's per-field machinery (~1 µs
+    instead of ~9; the policy makes ~17 per pool per tick). All three are frozen, with no ``__post_init__``
+    and no ``init=False`` field (checked at import), so their ``__init__`` only stores the fields. An unknown field is a TypeError, as in replace."""
+    cls = type(value)
+    names = _FIELDS.get(cls)
+    if names is None:  # a subclass: its own __init__ may do more
+        return replace(value, **changes)
+    if not names.issuperset(changes):
+        raise TypeError(f"{cls.__name__} has no field {', '.join(sorted(set(changes) - names))}")
+    new = object.__new__(cls)
+    new.__dict__.update(value.__dict__)
+    new.__dict__.update(changes)
+    return new

@@ -6,13 +6,17 @@ Compared with ``==`` on floats, NaN for NaN: no tolerance."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.config import PolicyConfig
 from controller.policy import stages
+from controller.policy.types import ArrivalCalibration, PoolObservation, PoolState, RoleHistory, evolve
 
 FLOATS = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
 ODD = st.sampled_from([math.nan, math.inf, -math.inf, -1.0])
@@ -230,3 +234,92 @@ def test_window_hold_is_its_definition(
     outer = [w for t, w in recent if now_s - t >= delay_s]
     held = inner[max(math.ceil(q * len(inner) - 1e-9) - 1, 0)] if inner else 0
     assert stages.window_hold(recent, now_s, delay_s, q) == max([held, *outer])
+    if in_order:  # what hysteresis_stage passes for a history it has checked: no second check, same hold
+        assert stages.window_hold(recent, now_s, delay_s, q, in_order=True) == max([held, *outer])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(TIMES, st.integers(0, 9)), max_size=30),
+    st.booleans(),
+    st.one_of(TIMES, st.just(1.7e9 + 5.0)),
+    st.integers(0, 9),
+    st.integers(0, 9),
+    st.sampled_from([0.0, 5.0, 60.0, 300.0]),
+)
+def test_hysteresis_keeps_the_filtered_targets(
+    rows: list[tuple[float, int]], in_order: bool, now_s: float, wanted: int, current: int, hold_s: float
+) -> None:
+    """The targets the stage remembers are its keep window filtered one by one, in and out of time order,
+    NaN and inf times included (the order is checked once and the windows bisected)."""
+    if in_order and not any(math.isnan(t) for t, _ in rows):
+        rows = sorted(rows)
+    cfg = PolicyConfig(scale_down_delay_s=60.0, burst_hold_max_s=300.0)
+    history = RoleHistory(recent_targets=tuple(rows))
+    _, new, _ = stages.hysteresis_stage(
+        "decode", wanted, current, now_s, cfg, history, can_scale_down=True, fast_up=0, hold_s=hold_s
+    )
+    keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
+    assert new.recent_targets == (*(r for r in rows if now_s - r[0] < keep_s), (now_s, wanted))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(TIMES, st.one_of(FLOATS, ODD)), max_size=30),
+    st.booleans(),
+    st.one_of(TIMES, st.just(1.7e9 + 5.0)),
+    st.one_of(FLOATS, ODD),
+)
+def test_the_rate_history_update_is_idempotent(
+    rows: list[tuple[float, float]], in_order: bool, now_s: float, rps: float
+) -> None:
+    """What lets ``decide`` pass ``rate_history_updated`` to ``standby_stage``: a second update with the same
+    observation changes nothing, in and out of time order, NaN and inf included."""
+    if in_order and not any(math.isnan(t) for t, _ in rows):
+        rows = sorted(rows, key=lambda r: r[0])
+    once = stages.update_rate_history(tuple(rows), now_s, rps)
+    twice = stages.update_rate_history(once, now_s, rps)
+    assert len(twice) == len(once)
+    pairs = (xy for a, b in zip(once, twice, strict=True) for xy in zip(a, b, strict=True))
+    assert all(_same(x, y) for x, y in pairs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.one_of(FLOATS, ODD),
+    st.lists(st.tuples(TIMES, FLOATS), max_size=5),
+    st.sampled_from(["smoothed", "state", "calibration"]),
+)
+def test_evolve_is_dataclasses_replace(rate: float, rows: list[tuple[float, float]], which: str) -> None:
+    """The policy's fast replace gives the value ``dataclasses.replace`` gives (equal, same repr, fields in
+    the same order), leaves its input as it was, and refuses a field the class does not have."""
+    obs = PoolObservation(
+        pool="p", now_s=1.0, replicas={"prefill": 1}, active={}, standby={}, provisioning={},
+        arrival_rps=2.0, prompt_tps=3.0, gen_tps=4.0, running_seqs=5.0, waiting_requests=0.0,
+        oldest_wait_s=math.nan, kv_usage=0.1, mean_prompt_tokens=100.0, mean_output_tokens=50.0,
+    )  # fmt: skip
+    state = PoolState(rate_history=((0.0, 1.0),))
+    cal = ArrivalCalibration(counted=3.0, pending=((1.0, 2.0, 3.0, 4.0),))
+    before = repr(obs), repr(state), repr(cal)
+    fast: PoolObservation | PoolState | ArrivalCalibration
+    slow: PoolObservation | PoolState | ArrivalCalibration
+    if which == "smoothed":
+        c: dict[str, object] = {"arrival_rps": rate, "forecast": None, "complete": False}
+        fast, slow = evolve(obs, **c), dataclasses.replace(obs, **c)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            evolve(obs, no_such_field=1)
+    elif which == "calibration":
+        c = {"log_scale": (rate, 0.0), "last_s": rate, "pending": ()}
+        fast, slow = evolve(cal, **c), dataclasses.replace(cal, **c)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            evolve(cal, no_such_field=1)
+    else:
+        c = {"rate_history": tuple(rows), "alert_until_s": rate}
+        fast, slow = evolve(state, **c), dataclasses.replace(state, **c)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            evolve(state, no_such_field=1)
+    assert type(fast) is type(slow)
+    assert fast == slow  # the same field objects: NaN included
+    assert list(vars(fast)) == list(vars(slow))
+    assert repr(fast) == repr(slow)
+    assert (repr(obs), repr(state), repr(cal)) == before
