@@ -28,7 +28,8 @@ KV-bound the transfer overlaps the wait instead of following it: TTFT is low by 
 prompt itself (vLLM's recompute policy on a failed KV load). Requests that find no active instance of the
 role they need wait in the pool's router queue. A request reaches its pool's router the latency model's
 ``request_overhead_ms`` after it arrives (the per-request HTTP and API-server cost; 0 for the GPU profiles,
-fitted for ``cpu-tiny``); TTFT and e2e count from the arrival. The entry instance it is routed to then takes
+fitted for ``cpu-tiny``); the client's TTFT and e2e count from the arrival, the exported histograms (vLLM's
+view) from the arrival plus this overhead and the admission delay below (:mod:`serving.sim.instance`). The entry instance it is routed to then takes
 it into its queue ``admission_delay_ms(sequences decoding there)`` later (the API server busy with running
 streams; 0 for the GPU profiles, then the request is queued at once): meanwhile it counts in that instance's
 ``load`` for the router, and if the instance has left service by then it is routed again (no second delay).
@@ -319,6 +320,8 @@ class Simulator:
         engine_arrival_s = self.req.arrival_s
         if np.any(delay_s != 0.0):
             engine_arrival_s = self.req.arrival_s + delay_s[self.req.pool]
+            # the server's histograms count from here (serving.sim.instance doc)
+            self.req.stamp = engine_arrival_s.tolist()
         order = np.argsort(engine_arrival_s, kind="stable")
         if self.rejected.any():  # never arrive: no instance can hold them (see the class doc)
             order = order[~self.rejected[order]]
@@ -494,6 +497,7 @@ class Simulator:
         inst.admitting += 1  # and the gateway counts it against the instance's room
         if routed:
             inst.router_requests_total += 1
+        self.req.stamp[rid] += delay_ms / 1000.0  # outside vLLM's TTFT and e2e (serving.sim.instance doc)
         self._push(self.now_s + delay_ms / 1000.0, _EV_ADMIT, rid, inst.index)
         return True
 
