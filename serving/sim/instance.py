@@ -59,14 +59,17 @@ before streaming it), observed at the engine's first token (session 6; until the
 
 The server's view of time (session 8): the exported TTFT and e2e histograms count from vLLM's own arrival stamp
 (:attr:`RequestTable.stamp`), as vLLM 0.32 does: ``arrival_time`` is stamped when the API server renders the
-prompt (``renderers/base.py``) and ``first_token_latency`` / ``e2e_latency`` are taken when its output
-processor handles the engine's output (``IterationStats`` in ``v1/metrics/stats.py``). The latency model's
-request overhead and admission delay are client-side terms (measured as client time less engine time, the API
-server late to take a request in and to stream its first token) and lie outside that window; the wake-up and
-decode stalls are the engine's and lie inside; a deferred first token counts at the engine's first token. So
-on cpu-tiny the exported TTFT = the client's TTFT − request overhead − admission delay (for a request not
-deferred); on the GPU profiles, which have none of these terms, the two are equal as before. The client's
-figures (``t_first_s``, ``t_done_s``) still count from the arrival.
+prompt (``renderers/base.py``, after the HTTP request is parsed, before tokenising and the hand-off to the
+engine core) and ``first_token_latency`` / ``e2e_latency`` are taken when its output processor handles the
+engine's output (``IterationStats`` in ``v1/metrics/stats.py``, before detokenising and streaming). The
+latency model's request overhead and admission delay are measured from the client (client time less engine
+time; the API server late to take a request in and to stream its first token) and straddle that window: the
+model's ``request_overhead_outside_fraction`` and ``admission_outside_fraction`` (0-1, default 0) say which
+share of each lies before the stamp, so the exported TTFT = the client's TTFT − those shares (for a first
+token not deferred). The wake-up and decode stalls are the engine's and lie inside; a deferred first token
+counts at the engine's first token. The client's figures (``t_first_s``, ``t_done_s``) count from the
+arrival. With the shares 0 (the GPU profiles, which have none of these terms, and every shipped profile) the
+stamp is the arrival and both views agree, as before.
 """
 
 from __future__ import annotations
@@ -150,9 +153,9 @@ class RequestTable:
         self.target_arr = np.maximum(np.asarray(output_tokens, dtype=np.int64), 1)
         self.arrival: list[float] = self.arrival_s.tolist()
         # vLLM's own arrival stamp (the API server renders the prompt: ``arrival_time`` in vLLM 0.32's
-        # ``renderers/base.py``), from which its TTFT and e2e histograms count: the arrival plus the latency
-        # model's request overhead and admission delay, which happen outside that window (the simulator adds
-        # them, :mod:`serving.sim.engine`). Equal to the arrival where those are 0 (the GPU profiles).
+        # ``renderers/base.py``), from which its TTFT and e2e histograms count: the arrival plus the shares of
+        # the request overhead and admission delay outside that window (the simulator adds them,
+        # :mod:`serving.sim.engine`). Equal to the arrival where those shares are 0 (the default).
         self.stamp: list[float] = list(self.arrival)
         self.prompt: list[int] = self.prompt_arr.tolist()
         self.target: list[int] = self.target_arr.tolist()
