@@ -118,8 +118,23 @@ def run_conditions(real: dict[str, Any]) -> dict[str, Any]:
         "engine_prefill_p50_ms": (its.get("prefill_or_mixed") or {}).get("p50_ms"),
         "deferred_share": deferred_share(real),
         "server_ttft_mean_ms": (real.get("server_metrics") or {}).get("time_to_first_token_mean_ms"),
+        "server_api_mean_ms": server_api_ms(real),
         "calibrated": calibrated_terms(real),
     }
+
+
+def server_api_ms(real: dict[str, Any]) -> float | None:
+    """vLLM's TTFT mean less its queue and prefill means (ms): the time inside its TTFT window that is not the
+    engine's (tokenising, the hand-off to the engine core, the API process taking the first token back)."""
+    m = real.get("server_metrics") or {}
+    parts = [
+        m.get(k)
+        for k in ("time_to_first_token_mean_ms", "request_queue_time_mean_ms", "request_prefill_time_mean_ms")
+    ]
+    ttft, queue, prefill = parts
+    if ttft is None or queue is None or prefill is None:
+        return None
+    return float(ttft) - float(queue) - float(prefill)
 
 
 def ttft_split(doc: dict[str, Any]) -> dict[str, dict[str, float | None]]:
@@ -171,11 +186,20 @@ def spread(values: list[float | None], figure: str) -> dict[str, Any]:
     }
 
 
-def summarize_slice(paths: list[Path], trace: Path, profile_jsons: list[Path] | None) -> dict[str, Any]:
+def summarize_slice(
+    paths: list[Path],
+    trace: Path,
+    profile_jsons: list[Path] | None,
+    overheads: dict[str, float] | None = None,
+) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for path in paths:
         doc = validate_against_sim(
-            read_trace(trace), work_dir=Path("/tmp"), real_json=path, profile_jsons=profile_jsons
+            read_trace(trace),
+            work_dir=Path("/tmp"),
+            real_json=path,
+            profile_jsons=profile_jsons,
+            overheads=overheads,
         )
         conditions = run_conditions(doc["real"]) | {"ttft_split": ttft_split(doc)}
         runs.append({"file": path.name, "doc": doc, "conditions": conditions})
@@ -242,7 +266,8 @@ def print_summary(name: str, s: dict[str, Any]) -> None:
         print(
             f"  {f}: engine decode p50 {_fmt(c['engine_decode_p50_ms'], 2)} ms, prefill p50 "
             f"{_fmt(c['engine_prefill_p50_ms'])} ms, deferred first tokens {_fmt(c['deferred_share'], 2)}, "
-            f"server TTFT mean {_fmt(c['server_ttft_mean_ms'])} ms"
+            f"server TTFT mean {_fmt(c['server_ttft_mean_ms'])} ms (of it outside the engine's queue and "
+            f"prefill {_fmt(c.get('server_api_mean_ms'))} ms)"
         )
         split = c.get("ttft_split") or {}
         print(
@@ -349,8 +374,24 @@ def main() -> None:
     parser.add_argument(
         "--profile-json", type=Path, action="append", default=None, help="sim side (repeatable)"
     )
+    parser.add_argument(
+        "--overheads",
+        default="",
+        help="sim side: set these overheads in every profile, NAME=VALUE,... (e.g. "
+        "request_overhead_outside_fraction=1,admission_outside_fraction=1: a variant of where the server's "
+        "TTFT starts)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the summary here")
     args = parser.parse_args()
+    overheads: dict[str, float] = {}
+    for item in (x for x in args.overheads.split(",") if x):
+        name, sep, value = item.partition("=")
+        try:
+            overheads[name.strip()] = float(value)
+        except ValueError:
+            parser.error(f"--overheads: {item!r} is not NAME=NUMBER")
+        if not sep:
+            parser.error(f"--overheads: {item!r} is not NAME=NUMBER")
     slices = [s for s in args.slices.split(",") if s]
     unknown = sorted(set(slices) - set(SLICES))
     if unknown:
@@ -363,7 +404,7 @@ def main() -> None:
         if not paths:
             print(f"{name}: no runs in {args.out_dir}")
             continue
-        summary[name] = summarize_slice(paths, SLICES[name][0], args.profile_json)
+        summary[name] = summarize_slice(paths, SLICES[name][0], args.profile_json, overheads or None)
         print_summary(name, summary[name])
     print("\n## (run, figure) pairs within the goal, P50/P90 TTFT and ITL over every slice")
     for view, cells in totals(summary).items():

@@ -28,7 +28,9 @@ KV-bound the transfer overlaps the wait instead of following it: TTFT is low by 
 prompt itself (vLLM's recompute policy on a failed KV load). Requests that find no active instance of the
 role they need wait in the pool's router queue. A request reaches its pool's router the latency model's
 ``request_overhead_ms`` after it arrives (the per-request HTTP and API-server cost; 0 for the GPU profiles,
-fitted for ``cpu-tiny``); TTFT and e2e count from the arrival. The entry instance it is routed to then takes
+fitted for ``cpu-tiny``); the client's TTFT and e2e count from the arrival, the exported histograms (vLLM's
+view) from the arrival plus the latency model's outside shares of this overhead and of the admission delay
+below (:mod:`serving.sim.instance`; 0 by default: from the arrival). The entry instance it is routed to then takes
 it into its queue ``admission_delay_ms(sequences decoding there)`` later (the API server busy with running
 streams; 0 for the GPU profiles, then the request is queued at once): meanwhile it counts in that instance's
 ``load`` for the router, and if the instance has left service by then it is routed again (no second delay).
@@ -227,6 +229,7 @@ class _Pool:
         self.admission_delay_ms: Callable[..., float] | None = delay if callable(delay) else None
         # streams younger than this many output tokens count as young for it (0: not keyed on age)
         self.admission_young_tokens = float(getattr(latency, "admission_young_tokens", 0.0) or 0.0)
+        self.admission_outside = _outside(latency, "admission_outside_fraction")
         self.ready: dict[str, list[Instance]] = {r: [] for r in ROLES}
         self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
         self.gateway: dict[str, GatewayQueue] = {r: GatewayQueue() for r in ROLES}  # GatewayPolicy on only
@@ -253,6 +256,11 @@ class _Pool:
                 self.slowdown = spec.mixed_node_slowdown
             else:
                 self.interference = Interference(latency)
+
+
+def _outside(latency: object, name: str) -> float:
+    """A latency model's share (0-1) of a client-side term outside the server's histograms (0 if it has none)."""
+    return float(getattr(latency, name, 0.0) or 0.0)
 
 
 class Simulator:
@@ -319,6 +327,10 @@ class Simulator:
         engine_arrival_s = self.req.arrival_s
         if np.any(delay_s != 0.0):
             engine_arrival_s = self.req.arrival_s + delay_s[self.req.pool]
+            # the server's histograms count from vLLM's arrival stamp: after the overhead's outside share
+            outside = np.array([_outside(p.latency, "request_overhead_outside_fraction") for p in self.pools])
+            if np.any(outside != 0.0):
+                self.req.stamp = (self.req.arrival_s + (delay_s * outside)[self.req.pool]).tolist()
         order = np.argsort(engine_arrival_s, kind="stable")
         if self.rejected.any():  # never arrive: no instance can hold them (see the class doc)
             order = order[~self.rejected[order]]
@@ -494,6 +506,10 @@ class Simulator:
         inst.admitting += 1  # and the gateway counts it against the instance's room
         if routed:
             inst.router_requests_total += 1
+        if (
+            pool.admission_outside > 0.0
+        ):  # that share is outside vLLM's TTFT and e2e (serving.sim.instance doc)
+            self.req.stamp[rid] += pool.admission_outside * delay_ms / 1000.0
         self._push(self.now_s + delay_ms / 1000.0, _EV_ADMIT, rid, inst.index)
         return True
 

@@ -56,6 +56,20 @@ the client when the request completes: TTFT = e2e and the request's mean ITL is 
 The engine's own schedule, the ITL histogram and the token counters are unchanged, and so is the exported TTFT
 histogram: it is the server's view (vLLM records a first token when its API process takes it from the engine,
 before streaming it), observed at the engine's first token (session 6; until then it took the client's time).
+
+The server's view of time (session 8): the exported TTFT and e2e histograms count from vLLM's own arrival stamp
+(:attr:`RequestTable.stamp`), as vLLM 0.32 does: ``arrival_time`` is stamped when the API server renders the
+prompt (``renderers/base.py``, after the HTTP request is parsed, before tokenising and the hand-off to the
+engine core) and ``first_token_latency`` / ``e2e_latency`` are taken when its output processor handles the
+engine's output (``IterationStats`` in ``v1/metrics/stats.py``, before detokenising and streaming). The
+latency model's request overhead and admission delay are measured from the client (client time less engine
+time; the API server late to take a request in and to stream its first token) and straddle that window: the
+model's ``request_overhead_outside_fraction`` and ``admission_outside_fraction`` (0-1, default 0) say which
+share of each lies before the stamp, so the exported TTFT = the client's TTFT − those shares (for a first
+token not deferred). The wake-up and decode stalls are the engine's and lie inside; a deferred first token
+counts at the engine's first token. The client's figures (``t_first_s``, ``t_done_s``) count from the
+arrival. With the shares 0 (the GPU profiles, which have none of these terms, and every shipped profile) the
+stamp is the arrival and both views agree, as before.
 """
 
 from __future__ import annotations
@@ -138,6 +152,11 @@ class RequestTable:
         self.prompt_arr = np.maximum(np.asarray(prompt_tokens, dtype=np.int64), 1)
         self.target_arr = np.maximum(np.asarray(output_tokens, dtype=np.int64), 1)
         self.arrival: list[float] = self.arrival_s.tolist()
+        # vLLM's own arrival stamp (the API server renders the prompt: ``arrival_time`` in vLLM 0.32's
+        # ``renderers/base.py``), from which its TTFT and e2e histograms count: the arrival plus the shares of
+        # the request overhead and admission delay outside that window (the simulator adds them,
+        # :mod:`serving.sim.engine`). Equal to the arrival where those shares are 0 (the default).
+        self.stamp: list[float] = list(self.arrival)
         self.prompt: list[int] = self.prompt_arr.tolist()
         self.target: list[int] = self.target_arr.tolist()
         self.priority: list[int] = np.asarray(priority, dtype=np.int64).tolist()
@@ -821,7 +840,7 @@ class Instance:
         req.completions[rid] += 1
         self.success_total += 1
         self.load -= 1
-        self.e2e.observe(now_s - req.arrival[rid])
+        self.e2e.observe(now_s - req.stamp[rid])  # the server's view: from vLLM's arrival stamp
         out.completed.append(rid)
 
     def _complete_decoded(self, now_s: float, req: RequestTable, out: SegmentResult) -> None:
@@ -837,9 +856,9 @@ class Instance:
 
     def _first_token(self, rid: int, now_s: float, req: RequestTable, *, final: bool = False) -> None:
         """``final``: the request's last token (a deferred first token is delivered with it)."""
-        if not req.ttft_observed[rid]:  # the server's histogram: the engine's first token, deferred or not
-            req.ttft_observed[rid] = True
-            self.ttft.observe(now_s - req.arrival[rid])
+        if not req.ttft_observed[rid]:  # the server's histogram: the engine's first token, deferred or not,
+            req.ttft_observed[rid] = True  # from vLLM's arrival stamp (RequestTable.stamp)
+            self.ttft.observe(now_s - req.stamp[rid])
         if (
             self._defer_below
             and not final

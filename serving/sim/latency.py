@@ -74,6 +74,10 @@ Two more named terms of the same kind (0 for the GPU profiles; fitted for ``cpu-
 - deferred first tokens (``first_token_deferred_fraction`` q): for a fraction q of the requests of more than
   one output token, the client gets the first token only with the last (:mod:`serving.sim.instance`);
   ``fit_first_token_delivery`` fits q from idle probes of 1 and of several output tokens.
+- where the server's histograms start (``request_overhead_outside_fraction``, ``admission_outside_fraction``,
+  each in [0, 1], default 0): the share of the request overhead and of the admission delay that lies before
+  vLLM's own arrival stamp, so outside its exported TTFT and e2e (the client's figures keep all of both;
+  :mod:`serving.sim.instance`). 0 keeps both inside, as before session 8; no fit sets them yet.
 - wake-up (``wake_up_ms`` after ``idle_after_s``): the first step an instance starts after at least
   ``idle_after_s`` without work starts that much later (vLLM's engine core and worker stop busy-polling their
   shared-memory queues after 1 s idle, ``SpinCondition.busy_loop_s`` in ``shm_broadcast.py``, and must be
@@ -310,6 +314,8 @@ class OperatorLatencyModel:
     decode_stall_ms: float = 0.0
     decode_stall_seed: int = 0
     first_token_deferred_fraction: float = 0.0
+    request_overhead_outside_fraction: float = 0.0
+    admission_outside_fraction: float = 0.0
 
     def admission_delay_ms(self, running: int, young: int = 0) -> float:
         """No admission delay on the GPU profiles (module docstring)."""
@@ -810,6 +816,8 @@ class LinearLatencyModel:
         decode_stall_ms: float = 0.0,
         decode_stall_seed: float = 0,
         first_token_deferred_fraction: float = 0.0,
+        request_overhead_outside_fraction: float = 0.0,
+        admission_outside_fraction: float = 0.0,
     ) -> None:
         missing = [k for k in LINEAR_COEFFICIENTS if k not in coefficients]
         if missing:
@@ -831,6 +839,8 @@ class LinearLatencyModel:
             "decode_stall_ms": decode_stall_ms,
             "decode_stall_seed": decode_stall_seed,
             "first_token_deferred_fraction": first_token_deferred_fraction,
+            "request_overhead_outside_fraction": request_overhead_outside_fraction,
+            "admission_outside_fraction": admission_outside_fraction,
         }
         for name, value in terms.items():
             if not (math.isfinite(float(value)) and float(value) >= 0):
@@ -854,7 +864,12 @@ class LinearLatencyModel:
                 f"profile {profile.name!r}: admission_young_tokens must be > 0 when a young admission term is "
                 f"set, got {admission_young_tokens}"
             )
-        for name in ("decode_stall_fraction", "first_token_deferred_fraction"):
+        for name in (
+            "decode_stall_fraction",
+            "first_token_deferred_fraction",
+            "request_overhead_outside_fraction",
+            "admission_outside_fraction",
+        ):
             if not float(terms[name]) <= 1.0:
                 raise ProfileError(f"profile {profile.name!r}: {name} must be in [0, 1], got {terms[name]}")
         if float(decode_stall_seed) != int(decode_stall_seed):
@@ -865,6 +880,8 @@ class LinearLatencyModel:
         self.decode_stall_ms = float(decode_stall_ms)
         self.decode_stall_seed = int(decode_stall_seed)
         self.first_token_deferred_fraction = float(first_token_deferred_fraction)
+        self.request_overhead_outside_fraction = float(request_overhead_outside_fraction)
+        self.admission_outside_fraction = float(admission_outside_fraction)
         self._profile = profile
         self.coefficients = {k: float(coefficients[k]) for k in LINEAR_COEFFICIENTS}
         self.source = source
@@ -963,6 +980,8 @@ LINEAR_OVERHEADS: tuple[str, ...] = (
     "decode_stall_ms",
     "decode_stall_seed",
     "first_token_deferred_fraction",
+    "request_overhead_outside_fraction",
+    "admission_outside_fraction",
 )
 
 

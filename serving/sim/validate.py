@@ -488,6 +488,7 @@ def validate_against_sim(
     profile_jsons: list[Path] | None = None,
     iteration_details: bool = False,
     calibration: CalibrationSpec | None = None,
+    overheads: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Real vs simulated on one slice of ``trace``: the real side is a replay on a server this starts
     (``validate``, with ``calibration`` measured on it first) or, with ``real_json``, a recorded run (no server;
@@ -545,6 +546,12 @@ def validate_against_sim(
         if isinstance(fitted, dict):
             profiles[CALIBRATED] = Path(tmp) / "cpu_tiny_calibrated.json"
             profiles[CALIBRATED].write_text(json.dumps(fitted))
+        if overheads:  # every profile's overheads with these set (e.g. the outside shares), as a variant
+            for i, key in enumerate(list(profiles)):
+                doc = json.loads(profiles[key].read_text())
+                doc["overheads"] = dict(doc.get("overheads") or {}) | overheads
+                profiles[key] = Path(tmp) / f"cpu_tiny_variant_{i}.json"
+                profiles[key].write_text(json.dumps(doc))
         for key, path in profiles.items():
             sims[key] = simulate_slice(trace_slice, max_num_seqs=max_num_seqs, latency_json=path)
             comparisons[key] = compare(real["real"], sims[key])

@@ -183,6 +183,8 @@ def test_profile_json_round_trip(tmp_path: Path) -> None:
         "decode_stall_ms": 0.0,
         "decode_stall_seed": 0,
         "first_token_deferred_fraction": 0.0,  # tests/sim/test_first_token_deferral.py
+        "request_overhead_outside_fraction": 0.25,  # where the server's TTFT starts: tests/sim/test_server_stamp.py
+        "admission_outside_fraction": 0.5,
     }
     assert set(terms) == set(LINEAR_OVERHEADS)
     model = load_linear_profile(PROFILE, _write(tmp_path, terms))

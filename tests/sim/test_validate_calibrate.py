@@ -220,3 +220,17 @@ def test_the_cli_prints_both_profiles_side_by_side(recorded: Path, tmp_path: Pat
 def test_calibrate_cannot_go_with_a_recording(recorded: Path, tmp_path: Path) -> None:
     res = CliRunner().invoke(sim_app, ["validate", str(CONV), "--real-json", str(recorded), "--calibrate"])
     assert res.exit_code == 2 and "--calibrate" in res.output and "--real-json" in res.output
+
+
+def test_an_overheads_variant_moves_the_server_view_only(recorded: Path, tmp_path: Path) -> None:
+    """``overheads`` sets terms in every profile (the calibrated fit too): with the whole request overhead and
+    admission delay outside vLLM's window the server's TTFT drops by at least the overhead, the client's stays."""
+    base = validate_against_sim(read_trace(CONV), work_dir=tmp_path, real_json=recorded)
+    shares = {"request_overhead_outside_fraction": 1.0, "admission_outside_fraction": 1.0}
+    variant = validate_against_sim(read_trace(CONV), work_dir=tmp_path, real_json=recorded, overheads=shares)
+    assert list(variant["compare_server"]) == list(base["compare_server"])
+    for key in base["sim"]:
+        assert variant["sim"][key]["request_ttft_ms"] == base["sim"][key]["request_ttft_ms"]
+        before = base["compare_server"][key]["ttft_ms.mean"]["sim"]
+        after = variant["compare_server"][key]["ttft_ms.mean"]["sim"]
+        assert after <= before - OVERHEAD_MS + 1e-6 if key == CALIBRATED else after < before
