@@ -941,6 +941,7 @@ def burst_reserve_kept(
     headroom: float = 0.0,
     peak_quantile: float | None = None,
     final: LeadPeaks = LeadPeaks(),
+    projected: tuple[float, ...] = (),
 ) -> tuple[tuple[tuple[float, float], tuple[float, float]], LeadPeaks]:
     """``burst_reserve``, and the blocks whose lead peaks no later block can change, to pass back in as
     ``final`` next time (``LeadPeaks``: start, prefill and decode need, prefill and decode peak of the oldest
@@ -950,7 +951,10 @@ def burst_reserve_kept(
     same as without ``final`` (the same needs and maxima in the same order); a ``final`` that does not line up
     with ``blocks`` (another lead, its first or last start not theirs, block starts not increasing) is
     ignored. Only the newest block may have changed since ``final`` was computed, as ``update_need_blocks``
-    changes them; whatever moves blocks otherwise drops it (``resume_history``)."""
+    changes them; whatever moves blocks otherwise drops it (``resume_history``).
+
+    ``projected``: starts of the blocks whose rise the trend stage projected (``PoolState.projected_blocks``);
+    their rises count as 0 (the peaks are kept), a burst nothing projected counts as it is."""
     nan2 = (math.nan, math.nan)
     n = len(blocks)
     if n < 2 or lead_s <= 0:
@@ -982,7 +986,8 @@ def burst_reserve_kept(
     final_out = (
         LeadPeaks(lead_s, _final_peaks(t, v, peak, m, lead, c, kept_rows)) if increasing else LeadPeaks()
     )
-    return _reserve_from_peaks(v, peak, quantile, headroom, peak_quantile), final_out
+    covered = np.isin(t, np.asarray(projected, dtype=np.float64)) if projected else None
+    return _reserve_from_peaks(v, peak, quantile, headroom, peak_quantile, covered), final_out
 
 
 def _block_rows(blocks: tuple[tuple[float, float, float, int], ...]) -> np.ndarray:
@@ -1023,9 +1028,15 @@ def _final_peaks(
 
 
 def _reserve_from_peaks(
-    v: np.ndarray, peak: np.ndarray, quantile: float, headroom: float, peak_quantile: float | None
+    v: np.ndarray,
+    peak: np.ndarray,
+    quantile: float,
+    headroom: float,
+    peak_quantile: float | None,
+    covered: np.ndarray | None = None,
 ) -> tuple[tuple[float, float], tuple[float, float]]:
-    """``burst_reserve``'s quantiles of the rises and peaks, from the needs ``v`` and lead peaks [role, block]."""
+    """``burst_reserve``'s quantiles of the rises and peaks, from the needs ``v`` and lead peaks [role, block];
+    the blocks ``covered`` marks (the trend stage projected their rise) rise by 0."""
     nan2 = (math.nan, math.nan)
     ok = np.isfinite(peak)
     if not (ok[0].any() and ok[1].any()):
@@ -1033,16 +1044,21 @@ def _reserve_from_peaks(
     pq = quantile if peak_quantile is None else peak_quantile
     if not (ok[0] == ok[1]).all():  # only with non-finite needs: each role over its own blocks
         rises = [
-            _quantiles(np.maximum(peak[i, ok[i]] - (1 + headroom) * v[i, ok[i]], 0.0)[None], quantile)[0]
-            for i in (0, 1)
+            _quantiles(_rises(peak[i], v[i], headroom, covered)[ok[i]][None], quantile)[0] for i in (0, 1)
         ]
         peaks = [_quantiles(peak[i, ok[i]][None], pq)[0] for i in (0, 1)]
         return (rises[0], rises[1]), (peaks[0], peaks[1])
+    rise = _rises(peak, v, headroom, covered)[..., ok[0]]
     peak = peak[:, ok[0]]
-    rise = np.maximum(peak - (1 + headroom) * v[:, ok[0]], 0.0)
     r = _quantiles(rise, quantile)
     p = _quantiles(peak, pq)
     return (r[0], r[1]), (p[0], p[1])
+
+
+def _rises(peak: np.ndarray, v: np.ndarray, headroom: float, covered: np.ndarray | None) -> np.ndarray:
+    """max(peak − (1 + headroom) × need, 0) per block (the last axis), 0 where ``covered``."""
+    rise = np.maximum(peak - (1 + headroom) * v, 0.0)
+    return rise if covered is None else np.where(covered, 0.0, rise)
 
 
 def _quantiles(rows: np.ndarray, q: float) -> list[float]:
@@ -1155,6 +1171,7 @@ def burst_reserve_stage(
     cap: PoolCapacity,
     cfg: PolicyConfig,
     state: PoolState,
+    projected: bool = False,
 ) -> tuple[int, int, tuple[int, int], PoolState, tuple[str, ...]]:
     """Stage 3a: capacity for the bursts this pool has shown, sized for what arrives within one cold start.
 
@@ -1164,6 +1181,9 @@ def burst_reserve_stage(
     ``cfg.burst_reserve`` says where it goes: 'active' raises the active target to it, 'standby' keeps the
     difference warm as standby (promoted in seconds on an alert), 'off' does nothing. Returns (prefill,
     decode, standby (prefill, decode) the reserve asks for, state, reasons).
+
+    ``projected``: the trend stage projects a ramp this tick. With ``cfg.burst_reserve_projected='left_out'`` a
+    block it projected at every tick of is marked (``PoolState.projected_blocks``) and its rise counts as 0.
     """
     if cfg.burst_reserve == "off" and cfg.burst_hold == "off" and not cfg.short_burst_cap:
         return prefill, decode, (0, 0), state, ()
@@ -1178,12 +1198,22 @@ def burst_reserve_stage(
         state = evolve(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
     if cfg.burst_reserve == "off":
         return prefill, decode, (0, 0), evolve(state, need_blocks=blocks), ()
+    if cfg.burst_reserve_projected == "left_out" and blocks is not state.need_blocks:
+        state = evolve(
+            state, projected_blocks=mark_projected(state.projected_blocks, blocks, opened, projected)
+        )
     level = trailing_need(blocks) if cfg.burst_reserve_level == "block" else now_need
     rise, peak = state.reserve
     final = state.need_peaks
     if opened or (math.isnan(rise[0]) and len(blocks) >= 2):
         (rise, peak), final = burst_reserve_kept(
-            blocks, cfg.provision_lead_s, cfg.burst_quantile, cfg.headroom, cfg.burst_peak_quantile, final
+            blocks,
+            cfg.provision_lead_s,
+            cfg.burst_quantile,
+            cfg.headroom,
+            cfg.burst_peak_quantile,
+            final,
+            state.projected_blocks,
         )
     state = evolve(state, need_blocks=blocks, reserve=(rise, peak), need_peaks=final)
     if not all(_known(x) for x in (*level, *rise, *peak)):
@@ -1198,6 +1228,25 @@ def burst_reserve_stage(
     if cfg.burst_reserve == "active":
         return max(prefill, want[0]), max(decode, want[1]), (0, 0), state, (reason,)
     return prefill, decode, (max(want[0] - prefill, 0), max(want[1] - decode, 0)), state, (reason,)
+
+
+def mark_projected(
+    marks: tuple[float, ...],
+    blocks: tuple[tuple[float, float, float, int], ...],
+    opened: bool,
+    projected: bool,
+) -> tuple[float, ...]:
+    """The starts of the need blocks the trend stage projected a ramp at every tick of, after this tick
+    updated ``blocks`` (``update_need_blocks``; ``opened`` when it opened the newest): the newest block is
+    marked when it opens on a projected tick and unmarked by any tick in it that is not; marks older than the
+    oldest block are forgotten."""
+    start = blocks[-1][0]
+    if opened:
+        marks = tuple(m for m in marks if m >= blocks[0][0])
+        return (*marks, start) if projected else marks
+    if not projected and marks and marks[-1] == start:
+        return marks[:-1]
+    return marks
 
 
 def _idle_need(need: tuple[float, float]) -> bool:
@@ -1253,7 +1302,15 @@ def resume_history(state: PoolState, now_s: float) -> PoolState:
     moved = tuple((t + shift, p, d, n) for t, p, d, n in blocks)
     runs = tuple((a + shift, b + shift) for a, b in state.burst_runs)
     pauses = (*tuple(t + shift for t in state.pauses if t + shift >= moved[0][0]), start)
-    return evolve(state, need_blocks=moved, burst_runs=runs, pauses=pauses, need_peaks=LeadPeaks())
+    marks = tuple(t + shift for t in state.projected_blocks if t + shift >= moved[0][0])
+    return evolve(
+        state,
+        need_blocks=moved,
+        burst_runs=runs,
+        pauses=pauses,
+        need_peaks=LeadPeaks(),
+        projected_blocks=marks,
+    )
 
 
 def smooth_load(obs: PoolObservation, state: PoolState, window_s: float) -> tuple[PoolObservation, PoolState]:

@@ -1,0 +1,65 @@
+"""The burst reserve leaves out the rises the trend stage projected (``PolicyConfig.burst_reserve_projected``,
+``stages.burst_reserve_kept``'s ``projected``, ``stages.mark_projected``)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from controller.config import PolicyConfig
+from controller.policy import stages
+
+# 5-s blocks (start, prefill need, decode need, ticks): a flat load of 2 with one rise to 10 over 15 s
+FLAT = 2.0
+RISE_AT = 50.0
+
+
+def _blocks() -> tuple[tuple[float, float, float, int], ...]:
+    rows = []
+    for k in range(40):
+        t = 5.0 * k
+        high = RISE_AT < t <= RISE_AT + 15.0
+        need = 10.0 if high else FLAT
+        rows.append((t, need, need, 5))
+    return tuple(rows)
+
+
+def test_projected_rise_left_out_unprojected_kept() -> None:
+    blocks = _blocks()
+    # q = 1.0: the largest rise, which only the blocks before the rise have (their lead window holds it)
+    (rise_plain, peak_plain), _ = stages.burst_reserve_kept(blocks, 20.0, 1.0)
+    assert rise_plain[0] == pytest.approx(8.0) and rise_plain[1] == pytest.approx(8.0)
+    # every block that saw it coming
+    before = tuple(b[0] for b in blocks if RISE_AT - 20.0 <= b[0] <= RISE_AT)
+    (rise_proj, peak_proj), _ = stages.burst_reserve_kept(blocks, 20.0, 1.0, projected=before)
+    assert rise_proj == (0.0, 0.0)
+    assert peak_proj == peak_plain  # the peaks are kept: only the rises are left out
+    # the same burst, marked elsewhere (blocks far from it): kept as it is
+    (rise_other, _), _ = stages.burst_reserve_kept(blocks, 20.0, 1.0, projected=(150.0, 155.0, 160.0))
+    assert rise_other == rise_plain
+
+
+def test_projected_with_kept_lead_peaks_agrees() -> None:
+    blocks = _blocks()
+    before = tuple(b[0] for b in blocks if RISE_AT - 20.0 <= b[0] <= RISE_AT)
+    _, final = stages.burst_reserve_kept(blocks[:-3], 20.0, 0.9)
+    fresh, _ = stages.burst_reserve_kept(blocks, 20.0, 1.0, projected=before)
+    cached, _ = stages.burst_reserve_kept(blocks, 20.0, 1.0, final=final, projected=before)
+    assert cached == fresh
+
+
+def test_mark_projected_every_tick_of_a_block() -> None:
+    blocks = ((0.0, 1.0, 1.0, 1),)
+    marks = stages.mark_projected((), blocks, opened=True, projected=True)
+    assert marks == (0.0,)
+    assert stages.mark_projected(marks, ((0.0, 1.0, 1.0, 2),), opened=False, projected=True) == (0.0,)
+    assert stages.mark_projected(marks, ((0.0, 1.0, 1.0, 2),), opened=False, projected=False) == ()
+    # a new block forgets marks older than the oldest block kept
+    later = ((5.0, 1.0, 1.0, 5), (10.0, 1.0, 1.0, 1))
+    assert stages.mark_projected((0.0, 5.0), later, opened=True, projected=False) == (5.0,)
+
+
+def test_default_kept_and_validation_names_the_field() -> None:
+    assert PolicyConfig().burst_reserve_projected == "kept"
+    with pytest.raises(ValidationError, match="burst_reserve_projected"):
+        PolicyConfig(burst_reserve_projected="dropped")
