@@ -90,13 +90,15 @@ class PolicyConfig(BaseModel):
             " out. Measured on the Azure code trace: 58.6 % -> 90.8 % SLO (98.3 % after the first 10 min)"
         ),
     )
-    burst_reserve_projected: Literal["kept", "left_out"] = Field(
+    burst_reserve_projected: Literal["kept", "left_out", "beyond_trend"] = Field(
         "kept",
         description=(
             "the burst reserve's rises of the need blocks the trend stage projected (a ramp read at every tick"
             " of the block): 'kept' (default) = counted as any other rise; 'left_out' (opt-in) = counted as"
             " rises of 0, because the trend stage already provisions for a rise it projects when it comes (the"
-            " sinusoid's own 120-s rises), so the reserve keeps warm only for the rises nothing projected"
+            " sinusoid's own 120-s rises); 'beyond_trend' (opt-in) = only the rise beyond the trend's projection"
+            " (peak - (1 + headroom) x factor x need, the block's smallest factor) counts. Measured on the 600-s"
+            " sinusoid 'left_out' loses 4.9 SLO points (docs/BENCHMARKS.md, s8b)"
         ),
     )
     burst_reserve_level: Literal["block", "tick"] = Field(

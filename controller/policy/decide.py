@@ -80,7 +80,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     if why_degrade:
         reasons.append(why_degrade)
     prefill, decode, reserve_standby, state, why_reserve = stages.burst_reserve_stage(
-        prefill, decode, obs, cap, cfg, state, projected=why_trend is not None
+        prefill, decode, obs, cap, cfg, state, trend=factor if why_trend else None
     )
     reasons.extend(why_reserve)
     standby_target, state, why_sized = _standby_targets(need, prefill, decode, obs, cfg, state)

@@ -941,7 +941,7 @@ def burst_reserve_kept(
     headroom: float = 0.0,
     peak_quantile: float | None = None,
     final: LeadPeaks = LeadPeaks(),
-    projected: tuple[float, ...] = (),
+    projected: tuple[tuple[float, float], ...] = (),
 ) -> tuple[tuple[tuple[float, float], tuple[float, float]], LeadPeaks]:
     """``burst_reserve``, and the blocks whose lead peaks no later block can change, to pass back in as
     ``final`` next time (``LeadPeaks``: start, prefill and decode need, prefill and decode peak of the oldest
@@ -953,8 +953,9 @@ def burst_reserve_kept(
     ignored. Only the newest block may have changed since ``final`` was computed, as ``update_need_blocks``
     changes them; whatever moves blocks otherwise drops it (``resume_history``).
 
-    ``projected``: starts of the blocks whose rise the trend stage projected (``PoolState.projected_blocks``);
-    their rises count as 0 (the peaks are kept), a burst nothing projected counts as it is."""
+    ``projected``: (start, trend factor) of the blocks whose rise the trend stage projected
+    (``PoolState.projected_blocks``): their rise is what the peak needs beyond (1 + headroom) × factor × need,
+    0 for a factor of inf (the peaks are kept); a burst nothing projected counts as it is."""
     nan2 = (math.nan, math.nan)
     n = len(blocks)
     if n < 2 or lead_s <= 0:
@@ -986,7 +987,7 @@ def burst_reserve_kept(
     final_out = (
         LeadPeaks(lead_s, _final_peaks(t, v, peak, m, lead, c, kept_rows)) if increasing else LeadPeaks()
     )
-    covered = np.isin(t, np.asarray(projected, dtype=np.float64)) if projected else None
+    covered = _trend_factors(t, projected) if projected else None
     return _reserve_from_peaks(v, peak, quantile, headroom, peak_quantile, covered), final_out
 
 
@@ -1036,7 +1037,8 @@ def _reserve_from_peaks(
     covered: np.ndarray | None = None,
 ) -> tuple[tuple[float, float], tuple[float, float]]:
     """``burst_reserve``'s quantiles of the rises and peaks, from the needs ``v`` and lead peaks [role, block];
-    the blocks ``covered`` marks (the trend stage projected their rise) rise by 0."""
+    ``covered``: per block, the trend factor its rise is measured beyond (1 where nothing was projected, inf:
+    rises by 0)."""
     nan2 = (math.nan, math.nan)
     ok = np.isfinite(peak)
     if not (ok[0].any() and ok[1].any()):
@@ -1056,9 +1058,21 @@ def _reserve_from_peaks(
 
 
 def _rises(peak: np.ndarray, v: np.ndarray, headroom: float, covered: np.ndarray | None) -> np.ndarray:
-    """max(peak − (1 + headroom) × need, 0) per block (the last axis), 0 where ``covered``."""
-    rise = np.maximum(peak - (1 + headroom) * v, 0.0)
-    return rise if covered is None else np.where(covered, 0.0, rise)
+    """max(peak − (1 + headroom) × need, 0) per block (the last axis); with ``covered`` (trend factors per
+    block) max(peak − (1 + headroom) × factor × need, 0), 0 where the factor is inf."""
+    if covered is None:
+        return np.maximum(peak - (1 + headroom) * v, 0.0)
+    finite = np.isfinite(covered)
+    rise = np.maximum(peak - (1 + headroom) * np.where(finite, covered, 1.0) * v, 0.0)
+    return np.where(finite, rise, 0.0)
+
+
+def _trend_factors(t: np.ndarray, projected: tuple[tuple[float, float], ...]) -> np.ndarray:
+    """Per block start in ``t``: the trend factor ``projected`` marks it with, 1 where it is not marked."""
+    marks = np.asarray(projected, dtype=np.float64).reshape(-1, 2)
+    at = np.searchsorted(marks[:, 0], t)
+    hit = (at < len(marks)) & (marks[np.minimum(at, len(marks) - 1), 0] == t)
+    return np.where(hit, marks[np.minimum(at, len(marks) - 1), 1], 1.0)
 
 
 def _quantiles(rows: np.ndarray, q: float) -> list[float]:
@@ -1171,7 +1185,7 @@ def burst_reserve_stage(
     cap: PoolCapacity,
     cfg: PolicyConfig,
     state: PoolState,
-    projected: bool = False,
+    trend: float | None = None,
 ) -> tuple[int, int, tuple[int, int], PoolState, tuple[str, ...]]:
     """Stage 3a: capacity for the bursts this pool has shown, sized for what arrives within one cold start.
 
@@ -1182,8 +1196,10 @@ def burst_reserve_stage(
     difference warm as standby (promoted in seconds on an alert), 'off' does nothing. Returns (prefill,
     decode, standby (prefill, decode) the reserve asks for, state, reasons).
 
-    ``projected``: the trend stage projects a ramp this tick. With ``cfg.burst_reserve_projected='left_out'`` a
-    block it projected at every tick of is marked (``PoolState.projected_blocks``) and its rise counts as 0.
+    ``trend``: the factor the trend stage projects a ramp by this tick (None: no ramp). With
+    ``cfg.burst_reserve_projected`` other than 'kept', a block it projected at every tick of is marked
+    (``PoolState.projected_blocks``): 'left_out', its rise counts as 0; 'beyond_trend', only the rise beyond
+    the smallest factor it projected counts.
     """
     if cfg.burst_reserve == "off" and cfg.burst_hold == "off" and not cfg.short_burst_cap:
         return prefill, decode, (0, 0), state, ()
@@ -1198,10 +1214,9 @@ def burst_reserve_stage(
         state = evolve(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
     if cfg.burst_reserve == "off":
         return prefill, decode, (0, 0), evolve(state, need_blocks=blocks), ()
-    if cfg.burst_reserve_projected == "left_out" and blocks is not state.need_blocks:
-        state = evolve(
-            state, projected_blocks=mark_projected(state.projected_blocks, blocks, opened, projected)
-        )
+    if cfg.burst_reserve_projected != "kept" and blocks is not state.need_blocks:
+        factor = None if trend is None else math.inf if cfg.burst_reserve_projected == "left_out" else trend
+        state = evolve(state, projected_blocks=mark_projected(state.projected_blocks, blocks, opened, factor))
     level = trailing_need(blocks) if cfg.burst_reserve_level == "block" else now_need
     rise, peak = state.reserve
     final = state.need_peaks
@@ -1231,22 +1246,25 @@ def burst_reserve_stage(
 
 
 def mark_projected(
-    marks: tuple[float, ...],
+    marks: tuple[tuple[float, float], ...],
     blocks: tuple[tuple[float, float, float, int], ...],
     opened: bool,
-    projected: bool,
-) -> tuple[float, ...]:
-    """The starts of the need blocks the trend stage projected a ramp at every tick of, after this tick
-    updated ``blocks`` (``update_need_blocks``; ``opened`` when it opened the newest): the newest block is
-    marked when it opens on a projected tick and unmarked by any tick in it that is not; marks older than the
+    factor: float | None,
+) -> tuple[tuple[float, float], ...]:
+    """(start, trend factor) of the need blocks the trend stage projected a ramp at every tick of, after this
+    tick updated ``blocks`` (``update_need_blocks``; ``opened`` when it opened the newest) with this tick's
+    ``factor`` (None: no ramp): the newest block is marked when it opens on a projected tick, keeps the
+    smallest factor of its ticks, and is unmarked by any tick in it that is not projected; marks older than the
     oldest block are forgotten."""
     start = blocks[-1][0]
     if opened:
-        marks = tuple(m for m in marks if m >= blocks[0][0])
-        return (*marks, start) if projected else marks
-    if not projected and marks and marks[-1] == start:
+        marks = tuple(m for m in marks if m[0] >= blocks[0][0])
+        return (*marks, (start, factor)) if factor is not None else marks
+    if not marks or marks[-1][0] != start:
+        return marks
+    if factor is None:
         return marks[:-1]
-    return marks
+    return (*marks[:-1], (start, min(marks[-1][1], factor)))
 
 
 def _idle_need(need: tuple[float, float]) -> bool:
@@ -1302,7 +1320,7 @@ def resume_history(state: PoolState, now_s: float) -> PoolState:
     moved = tuple((t + shift, p, d, n) for t, p, d, n in blocks)
     runs = tuple((a + shift, b + shift) for a, b in state.burst_runs)
     pauses = (*tuple(t + shift for t in state.pauses if t + shift >= moved[0][0]), start)
-    marks = tuple(t + shift for t in state.projected_blocks if t + shift >= moved[0][0])
+    marks = tuple((t + shift, f) for t, f in state.projected_blocks if t + shift >= moved[0][0])
     return evolve(
         state,
         need_blocks=moved,

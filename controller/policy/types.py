@@ -172,9 +172,9 @@ class PoolState:
     # can change (stages.burst_reserve_kept), so a new block computes only the newest; written with the blocks
     # by stages.burst_reserve_stage, emptied where the blocks are moved (stages.resume_history)
     need_peaks: LeadPeaks = field(default_factory=lambda: LeadPeaks())
-    # starts of the need blocks the trend stage projected a ramp at every tick of (written only with
-    # PolicyConfig.burst_reserve_projected='left_out'; stages.burst_reserve_stage, moved by resume_history)
-    projected_blocks: tuple[float, ...] = ()
+    # (start, trend factor) of the need blocks the trend stage projected a ramp at every tick of (written only
+    # with PolicyConfig.burst_reserve_projected other than 'kept'; stages.burst_reserve_stage, resume_history)
+    projected_blocks: tuple[tuple[float, float], ...] = ()
     # (time_s, arrival_rps, prompt_tps, gen_tps) over the last ``load_smoothing_s`` (stages.smooth_load)
     load_recent: tuple[tuple[float, float, float, float], ...] = ()
     queue_since_s: float = math.nan  # when the current unbroken queue began (NaN = no queue)

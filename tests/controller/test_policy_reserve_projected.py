@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from pydantic import ValidationError
 
@@ -30,33 +32,48 @@ def test_projected_rise_left_out_unprojected_kept() -> None:
     (rise_plain, peak_plain), _ = stages.burst_reserve_kept(blocks, 20.0, 1.0)
     assert rise_plain[0] == pytest.approx(8.0) and rise_plain[1] == pytest.approx(8.0)
     # every block that saw it coming
-    before = tuple(b[0] for b in blocks if RISE_AT - 20.0 <= b[0] <= RISE_AT)
+    before = tuple((b[0], math.inf) for b in blocks if RISE_AT - 20.0 <= b[0] <= RISE_AT)
     (rise_proj, peak_proj), _ = stages.burst_reserve_kept(blocks, 20.0, 1.0, projected=before)
     assert rise_proj == (0.0, 0.0)
     assert peak_proj == peak_plain  # the peaks are kept: only the rises are left out
     # the same burst, marked elsewhere (blocks far from it): kept as it is
-    (rise_other, _), _ = stages.burst_reserve_kept(blocks, 20.0, 1.0, projected=(150.0, 155.0, 160.0))
+    (rise_other, _), _ = stages.burst_reserve_kept(
+        blocks, 20.0, 1.0, projected=((150.0, math.inf), (155.0, math.inf))
+    )
     assert rise_other == rise_plain
 
 
 def test_projected_with_kept_lead_peaks_agrees() -> None:
     blocks = _blocks()
-    before = tuple(b[0] for b in blocks if RISE_AT - 20.0 <= b[0] <= RISE_AT)
+    before = tuple((b[0], math.inf) for b in blocks if RISE_AT - 20.0 <= b[0] <= RISE_AT)
     _, final = stages.burst_reserve_kept(blocks[:-3], 20.0, 0.9)
     fresh, _ = stages.burst_reserve_kept(blocks, 20.0, 1.0, projected=before)
     cached, _ = stages.burst_reserve_kept(blocks, 20.0, 1.0, final=final, projected=before)
     assert cached == fresh
 
 
+def test_beyond_trend_counts_what_the_projection_missed() -> None:
+    blocks = _blocks()
+    # the blocks before the rise projected × 3 (need 2 → 6 with no headroom): 10 − 6 = 4 of the 8 is left
+    before = tuple((b[0], 3.0) for b in blocks if RISE_AT - 20.0 <= b[0] <= RISE_AT)
+    (rise, _), _ = stages.burst_reserve_kept(blocks, 20.0, 1.0, projected=before)
+    assert rise[0] == pytest.approx(4.0) and rise[1] == pytest.approx(4.0)
+    # a projection as large as the rise leaves nothing
+    covered = tuple((t, 5.0) for t, _ in before)
+    assert stages.burst_reserve_kept(blocks, 20.0, 1.0, projected=covered)[0][0] == (0.0, 0.0)
+
+
 def test_mark_projected_every_tick_of_a_block() -> None:
     blocks = ((0.0, 1.0, 1.0, 1),)
-    marks = stages.mark_projected((), blocks, opened=True, projected=True)
-    assert marks == (0.0,)
-    assert stages.mark_projected(marks, ((0.0, 1.0, 1.0, 2),), opened=False, projected=True) == (0.0,)
-    assert stages.mark_projected(marks, ((0.0, 1.0, 1.0, 2),), opened=False, projected=False) == ()
+    marks = stages.mark_projected((), blocks, opened=True, factor=2.0)
+    assert marks == ((0.0, 2.0),)
+    # the block keeps its smallest factor, and a tick without a ramp unmarks it
+    assert stages.mark_projected(marks, ((0.0, 1.0, 1.0, 2),), opened=False, factor=1.5) == ((0.0, 1.5),)
+    assert stages.mark_projected(marks, ((0.0, 1.0, 1.0, 2),), opened=False, factor=None) == ()
     # a new block forgets marks older than the oldest block kept
     later = ((5.0, 1.0, 1.0, 5), (10.0, 1.0, 1.0, 1))
-    assert stages.mark_projected((0.0, 5.0), later, opened=True, projected=False) == (5.0,)
+    old = ((0.0, 2.0), (5.0, 2.0))
+    assert stages.mark_projected(old, later, opened=True, factor=None) == ((5.0, 2.0),)
 
 
 def test_default_kept_and_validation_names_the_field() -> None:
