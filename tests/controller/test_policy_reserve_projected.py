@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from policy_fixtures import CAP, obs
 from pydantic import ValidationError
 
 from controller.config import PolicyConfig
-from controller.policy import stages
+from controller.policy import PoolState, stages
 
 # 5-s blocks (start, prefill need, decode need, ticks): a flat load of 2 with one rise to 10 over 15 s
 FLAT = 2.0
@@ -80,3 +81,25 @@ def test_default_kept_and_validation_names_the_field() -> None:
     assert PolicyConfig().burst_reserve_projected == "kept"
     with pytest.raises(ValidationError, match="burst_reserve_projected"):
         PolicyConfig(burst_reserve_projected="dropped")
+
+
+def _run(cfg: PolicyConfig, trend_from: float, trend_to: float) -> PoolState:
+    """Ticks each second: 2 req/s, a 15-s burst of 10 from t=200, 2 again; the trend projects x 2 in between."""
+    state = PoolState()
+    for t in range(0, 300):
+        rps = 10.0 if 200 <= t < 215 else 2.0
+        o = obs(now_s=float(t), arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 100.0,
+                running_seqs=rps * 2.0, standby={"prefill": 0, "decode": 0})  # fmt: skip
+        trend = 2.0 if trend_from <= t < trend_to else None
+        state = stages.burst_reserve_stage(1, 1, o, CAP, cfg, state, trend=trend)[3]
+    return state
+
+
+def test_stage_marks_the_projected_blocks_and_their_rise_goes() -> None:
+    kept = _run(PolicyConfig(), 80.0, 215.0)
+    assert kept.projected_blocks == ()  # the default writes nothing
+    left = _run(PolicyConfig(burst_reserve_projected="left_out"), 80.0, 215.0)
+    assert left.projected_blocks and all(f == math.inf for _, f in left.projected_blocks)
+    assert kept.reserve[0][0] > 0.0 and left.reserve[0][0] < kept.reserve[0][0]
+    # the same burst with no trend: the reserve is the default's
+    assert _run(PolicyConfig(burst_reserve_projected="left_out"), 0.0, 0.0).reserve == kept.reserve
