@@ -77,8 +77,8 @@ def test_mark_projected_every_tick_of_a_block() -> None:
     assert stages.mark_projected(old, later, opened=True, factor=None) == ((5.0, 2.0),)
 
 
-def test_default_kept_and_validation_names_the_field() -> None:
-    assert PolicyConfig().burst_reserve_projected == "kept"
+def test_default_beyond_trend_and_validation_names_the_field() -> None:
+    assert PolicyConfig().burst_reserve_projected == "beyond_trend"
     with pytest.raises(ValidationError, match="burst_reserve_projected"):
         PolicyConfig(burst_reserve_projected="dropped")
 
@@ -96,8 +96,8 @@ def _run(cfg: PolicyConfig, trend_from: float, trend_to: float) -> PoolState:
 
 
 def test_stage_marks_the_projected_blocks_and_their_rise_goes() -> None:
-    kept = _run(PolicyConfig(), 80.0, 215.0)
-    assert kept.projected_blocks == ()  # the default writes nothing
+    kept = _run(PolicyConfig(burst_reserve_projected="kept"), 80.0, 215.0)
+    assert kept.projected_blocks == ()  # 'kept' writes nothing
     left = _run(PolicyConfig(burst_reserve_projected="left_out"), 80.0, 215.0)
     assert left.projected_blocks and all(f == math.inf for _, f in left.projected_blocks)
     assert kept.reserve[0][0] > 0.0 and left.reserve[0][0] < kept.reserve[0][0]
