@@ -14,28 +14,11 @@ from hypothesis import strategies as st
 
 from serving.sim.engine import Simulator
 from serving.sim.fleet import single_pool
-from serving.sim.hardware import ProfileError, get_profile
+from serving.sim.hardware import ProfileError
 from serving.sim.latency import LinearLatencyModel
 from serving.workload.trace import Trace
-
-PROFILE = get_profile("cpu-tiny").with_overrides(max_num_seqs=16)
-COEF = {
-    "a_ms": 6.0,
-    "b_ms_per_prefill_token": 0.025,
-    "c_ms_per_decode_seq": 2.2,
-    "d_ms_per_decode_context_token": 4e-4,
-}
-
-
-def _trace(arrivals: list[float], prompts: list[int], outputs: list[int]) -> Trace:
-    return Trace.from_arrays(
-        arrival_s=np.asarray(arrivals, dtype=np.float64),
-        prompt_tokens=np.asarray(prompts),
-        output_tokens=np.asarray(outputs),
-        source="test",
-        format="synthetic",
-    )
-
+from tests.support.cpu_tiny import COEF, PROFILE
+from tests.support.cpu_tiny import make_trace as _trace
 
 OUTSIDE = {"request_overhead_outside_fraction": 1.0, "admission_outside_fraction": 1.0}
 
