@@ -42,7 +42,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving.workload.variants import Variant, build_hostile_variants, build_variants  # noqa: E402
+from serving.workload.variants import (  # noqa: E402
+    Variant,
+    build_hostile_variants,
+    build_shape_variants,
+    build_variants,
+)
 
 # the project's venv; a git worktree without one runs the interpreter's own (e.g. /work/main/.venv/bin)
 BIN = ROOT / ".venv" / "bin" if (ROOT / ".venv" / "bin").is_dir() else Path(sys.executable).parent
@@ -80,6 +85,11 @@ def _timed(cmd: list[str], timeout_s: float) -> tuple[int, str, float, float, fl
     rss = int(m.group(1)) / 1024 if m else float("nan")
     cpu = sum(float(x) for x in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", p.stderr))
     return p.returncode, p.stdout + p.stderr, wall, rss, cpu
+
+
+def _mb(rss: float) -> float:
+    """Peak RSS for the table: NaN (a run killed at its timeout has no /usr/bin/time report) stays NaN."""
+    return round(rss) if math.isfinite(rss) else rss
 
 
 def _classify(rc: int, out: str, expect: str) -> tuple[str, str]:
@@ -133,7 +143,7 @@ def _summary_replay(doc: dict[str, Any]) -> str:
 def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, ...] = ("off",)) -> list[Run]:
     runs: list[Run] = []
     slo = MOONCAKE_SLO if v.fmt == "mooncake" else []
-    timeout = 1800.0 if v.long else 600.0
+    timeout = 3 * TIMEOUT_S if v.long else TIMEOUT_S
 
     def record(entry: str, cmd: list[str], check: Any = None, expect: str | None = None) -> None:
         rc, out, wall, rss, cpu = _timed(cmd, timeout)
@@ -145,7 +155,7 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
             outcome, note = ("WRONG", problem) if problem else ("ok", summary)
             if outcome == "ok" and "unfinished" in summary:
                 outcome = "UNFINISHED"  # reported, not lost: still queued when the replay's drain limit came
-        runs.append(Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), round(rss), note))
+        runs.append(Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), _mb(rss), note))
         print(
             f"{v.name:34s} {entry:22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
             flush=True,
@@ -219,9 +229,7 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
             problem, summary = check_inf()
             outcome, note = ("WRONG", problem) if problem else ("ok", summary)
         runs.append(
-            Run(
-                v.name, "replay --max-reorder-s inf", outcome, round(wall, 1), round(cpu, 1), round(rss), note
-            )
+            Run(v.name, "replay --max-reorder-s inf", outcome, round(wall, 1), round(cpu, 1), _mb(rss), note)
         )
         print(
             f"{v.name:34s} {'replay reorder inf':22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
@@ -272,6 +280,9 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
         # a trace spanning 0 s (or less than the horizon) has no second to score: refusing it is right
         record("evaluate", cmd, check_eval, expect="error" if v.name in TOO_SHORT_TO_SCORE else None)
     return runs
+
+
+TIMEOUT_S = 600.0  # per entry point (3× for long variants); --timeout-s
 
 
 VALIDATE_REAL_JSON = ROOT / "serving/sim/profiles/validation/code_rows0-119_1rps_quiet.json"
@@ -346,7 +357,7 @@ def run_extra(v: Variant, work: Path, entries: set[str]) -> list[Run]:
                 problem, note = _json_check(out, summary)
                 outcome = "WRONG" if problem else "ok"
                 note = problem or note
-        runs.append(Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), round(rss), note))
+        runs.append(Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), _mb(rss), note))
         print(
             f"{v.name:34s} {entry:22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
             flush=True,
@@ -403,7 +414,7 @@ def run_extra(v: Variant, work: Path, entries: set[str]) -> list[Run]:
             problem, _ = _json_check(out)
             outcome, note = ("WRONG", problem) if problem else ("ok", "slice matches the recorded run")
         runs.append(
-            Run(v.name, "sim validate --real-json", outcome, round(wall, 1), round(cpu, 1), round(rss), note)
+            Run(v.name, "sim validate --real-json", outcome, round(wall, 1), round(cpu, 1), _mb(rss), note)
         )
         print(f"{v.name:34s} {'sim validate':22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
               flush=True)  # fmt: skip
@@ -463,7 +474,7 @@ def run_fit(v: Variant, work: Path, epochs: int = 2, export: bool = False) -> li
     if outcome == "ok" and not (out / "forecaster.safetensors").exists():
         outcome, note = "WRONG", "no forecaster.safetensors written"
     entry = f"fit ({epochs} epochs)"
-    runs = [Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), round(rss), note)]
+    runs = [Run(v.name, entry, outcome, round(wall, 1), round(cpu, 1), _mb(rss), note)]
     print(
         f"{v.name:34s} {entry:22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}", flush=True
     )
@@ -478,7 +489,7 @@ def run_fit(v: Variant, work: Path, epochs: int = 2, export: bool = False) -> li
         if outcome == "ok" and not dest.exists():
             outcome, note = "WRONG", f"no {dest.name} written"
         runs.append(
-            Run(v.name, "export", outcome, round(wall, 1), round(cpu, 1), round(rss), note or ckpts[-1].name)
+            Run(v.name, "export", outcome, round(wall, 1), round(cpu, 1), _mb(rss), note or ckpts[-1].name)
         )
         print(
             f"{v.name:34s} {'export':22s} {outcome:11s} {wall:7.1f}s {cpu:7.1f}cpu {rss:6.0f}MB {note}",
@@ -514,7 +525,84 @@ def plot_speed() -> None:
           f"ttft_bins {t2 - t1:.2f} s CPU (same values)")  # fmt: skip
 
 
+def misses(variants: list[Variant], policies: tuple[str, ...], bin_s: float) -> None:
+    """Where each policy's SLO misses sit on a variant: bench/bench_misses.py's bins (requests, misses, active
+    instances, the oracle's need) on the variant's file, one pool, TTFT 1 s / ITL 50 ms, shipped forecaster."""
+    from bench.bench_misses import bins
+    from bench.bench_policies import make, run
+    from serving.sim.fleet import single_pool
+    from serving.workload.readers import read_trace
+
+    for v in variants:
+        trace, fleet = read_trace(v.path), single_pool()
+        for name in policies:
+            rep = run(name, trace, fleet, make(name, "default", {}))
+            print(f"\n{v.name} {name}: SLO {rep.slo_attainment:.2%}, GPU-s {rep.gpu_seconds:,.0f}")
+            print(
+                "| t s | req | missed | TTFT miss | ITL miss | active P | active D | need P | need D | need P +lead |"
+            )
+            print("|---|---|---|---|---|---|---|---|---|---|")
+            for r in bins(rep, trace, fleet, bin_s):
+                print(f"| {r['t']:.0f} | {r['requests']:.0f} | {r['missed']:.0f} | {r['ttft_miss']:.0f} | "
+                      f"{r['itl_miss']:.0f} | {r['prefill']:.1f} | {r['decode']:.1f} | {r['need_p']:.1f} | "
+                      f"{r['need_d']:.1f} | {r['ahead_p']:.1f} |")  # fmt: skip
+
+
+_READ_EACH = """
+import sys, warnings
+from serving.workload.readers import read_trace
+for path in sys.argv[1:]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            t = read_trace(path)
+            said = [str(w.message).replace(path, "FILE") for w in caught if "Trace" in w.category.__name__]
+            print(f"read {len(t):,} rows, {t.duration_s:,.1f} s" + "".join(f"; warned: {m}" for m in said))
+        except Exception as e:
+            print(f"{type(e).__name__}: {str(e).replace(path, 'FILE')}")
+"""
+
+
+def reader_messages(variants: list[Variant], trees: list[Path]) -> None:
+    """What each tree's ``read_trace`` says of each variant's file (rows read and warnings, or the error), one
+    process per tree (PYTHONPATH = the tree), as a table with one column per tree."""
+    said = []
+    for tree in trees:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        cmd = [sys.executable, "-c", _READ_EACH, *(str(v.path) for v in variants)]
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, cwd=tree, check=True
+        )  # -c: cwd first
+        said.append(done.stdout.splitlines())
+    print("| variant | " + " | ".join(str(t) for t in trees) + " |")
+    print("|---|" + "---|" * len(trees))
+    for i, v in enumerate(variants):
+        print(f"| {v.name} | " + " | ".join(f"`{s[i][:300]}`" for s in said) + " |")
+
+
+def predictive_vs_reactive(work: Path, variants: list[Variant]) -> list[str]:
+    """One line per variant whose reactive and predictive replays both wrote a JSON: SLO and GPU-s of each and
+    whether predictive's SLO is at or above reactive's (within 0.1 point)."""
+    lines = []
+    for v in variants:
+        docs = {}
+        for policy in ("reactive", "predictive"):
+            path = work / f"{v.name}.replay.{policy}.json"
+            if path.exists():
+                docs[policy] = json.loads(path.read_text())
+        if len(docs) < 2:
+            continue
+        r, p = docs["reactive"], docs["predictive"]
+        verdict = "at or above" if p["slo_attainment"] >= r["slo_attainment"] - 0.001 else "BELOW"
+        lines.append(
+            f"{v.name}: predictive {p['slo_attainment']:.2%} / {p['gpu_seconds']:,.0f} GPU-s, reactive "
+            f"{r['slo_attainment']:.2%} / {r['gpu_seconds']:,.0f} GPU-s: predictive {verdict} reactive"
+        )
+    return lines
+
+
 def main() -> None:
+    global TIMEOUT_S, EVALUATE_TAKES_TRACE_OPTION
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("/tmp/unseen"))
     ap.add_argument("--no-long", action="store_true", help="skip the hours-long variants")
@@ -525,9 +613,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument(
         "--set",
-        choices=("generated", "hostile", "all"),
+        choices=("generated", "hostile", "shapes", "all"),
         default="generated",
-        help="variants: generated (realistic, from the bundled traces), hostile (edge cases), or all",
+        help="variants: generated (realistic, from the bundled traces), hostile (edge cases), shapes (traffic "
+        "shapes and exports the other sets lack), or all",
     )
     ap.add_argument(
         "--gateway-queue",
@@ -542,7 +631,28 @@ def main() -> None:
     ap.add_argument(
         "--plot-speed", action="store_true", help="only time the replay plot's TTFT binning, old loop vs new"
     )
+    ap.add_argument(
+        "--misses",
+        action="store_true",
+        help="only print where reactive's and predictive's misses sit on the --only variants (bench_misses bins)",
+    )
+    ap.add_argument("--bin-s", type=float, default=60.0, help="--misses: the bin width in seconds")
+    ap.add_argument(
+        "--reader-messages",
+        nargs="*",
+        type=Path,
+        default=None,
+        help="only print what read_trace says of each variant's file, in this tree and each tree given "
+        "(e.g. a `git archive main` copy), side by side",
+    )
+    ap.add_argument(
+        "--timeout-s",
+        type=float,
+        default=TIMEOUT_S,
+        help="wall seconds per entry point (3× for long variants)",
+    )
     args = ap.parse_args()
+    TIMEOUT_S = args.timeout_s
     if args.plot_speed:
         plot_speed()
         return
@@ -557,17 +667,24 @@ def main() -> None:
     gateways = tuple(args.gateway_queue.split(","))
     if not gateways or any(g not in ("off", "on") for g in gateways):
         ap.error(f"--gateway-queue: expected off, on or off,on, got {args.gateway_queue!r}")
-    global EVALUATE_TAKES_TRACE_OPTION
     EVALUATE_TAKES_TRACE_OPTION = _evaluate_takes_trace_option()
     if not EVALUATE_TAKES_TRACE_OPTION:
         print(
             "note: `train-forecaster evaluate --trace FILE` (issue 4's spelling) is refused; passing FILE as an argument"
         )
-    variants = [] if args.set == "hostile" else build_variants(args.out, long=not args.no_long)
-    if args.set != "generated":
+    variants = build_variants(args.out, long=not args.no_long) if args.set in ("generated", "all") else []
+    if args.set in ("hostile", "all"):
         variants += build_hostile_variants(args.out, long=not args.no_long)
+    if args.set in ("shapes", "all"):
+        variants += build_shape_variants(args.out, long=not args.no_long)
     if args.only:
         variants = [v for v in variants if v.name in args.only]
+    if args.misses:
+        misses(variants, ("reactive", "predictive"), args.bin_s)
+        return
+    if args.reader_messages is not None:
+        reader_messages(variants, [ROOT, *args.reader_messages])
+        return
     work = args.out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -589,6 +706,8 @@ def main() -> None:
         print(
             f"| {r.variant} | {r.entry} | {r.outcome} | {r.wall_s} | {r.cpu_s} | {r.rss_mb:.0f} | {r.note} |"
         )
+    for line in predictive_vs_reactive(work, variants):
+        print(line)
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n")
     if any(r.outcome in ("CRASH", "WRONG") for r in runs):

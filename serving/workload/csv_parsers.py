@@ -7,6 +7,7 @@ a blank line inside the file is an error and trailing blank lines are allowed.
 from __future__ import annotations
 
 import csv
+import math
 import warnings
 from collections.abc import Iterator
 from itertools import islice
@@ -77,6 +78,10 @@ def _csv_frames(
                 raise error_at(path, fmt, header, number)
     if rows == 0:
         raise TraceError(path, None, "has a header but no data rows: nothing to read")
+
+
+# a first Timestamp this large is past the year 5000 in seconds: epoch milliseconds (now ~1.7e12) or finer
+EPOCH_MS_SUSPECT_S = 1e11
 
 
 class _FastPathStop(Exception):
@@ -203,6 +208,7 @@ def burstgpt_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
     _warn_extra(path, header, F.BURSTGPT_COLUMNS)
     names: list[str] = []
     mismatch, first_mismatch = 0, 0
+    first_s, rows = math.inf, 0
     dtypes = {
         "Model": "str",
         "Log Type": "str",
@@ -224,8 +230,16 @@ def burstgpt_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
         if off.any():
             first_mismatch = first_mismatch or line + int(np.argmax(off))
             mismatch += int(off.sum())
+        first_s, rows = min(first_s, float(t.min())), rows + len(t)
         extra = {"log_type": log_type.astype(np.int8)}
         yield RawChunk(line, t, prompt, output, codes, output == 0, tuple(names), extra=extra)
+    if first_s >= EPOCH_MS_SUSPECT_S:
+        msg = (
+            f"Timestamp starts at {first_s:.6g}: as BurstGPT's seconds that is {first_s / 3.156e7:,.0f} years after "
+            "1970; it looks like epoch milliseconds (or microseconds): divide by 1000 (or 1e6), or the trace "
+            "replays 1000 (1e6) times slower (read as written)"
+        )
+        warnings.warn(TraceWarning(path, 2, rows, msg), stacklevel=2)
     if mismatch:
         msg = f"{mismatch} rows have Total tokens != Request tokens + Response tokens (kept as read)"
         warnings.warn(TraceWarning(path, first_mismatch, mismatch, msg), stacklevel=2)

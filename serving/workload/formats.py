@@ -82,6 +82,15 @@ _UNPACK = {
 }
 
 
+# UTF-32 first: its little-endian BOM starts with UTF-16's
+_WIDE_BOMS: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xfe\x00\x00", "UTF-32 (little-endian)"),
+    (b"\x00\x00\xfe\xff", "UTF-32 (big-endian)"),
+    (b"\xff\xfe", "UTF-16 (little-endian)"),
+    (b"\xfe\xff", "UTF-16 (big-endian)"),
+)
+
+
 def first_line(path: Path) -> str:
     """The first line of the file without BOM and line ending; raises ``TraceError`` if the file is empty."""
     try:
@@ -98,6 +107,16 @@ def first_line(path: Path) -> str:
             None,
             f"is a {packed} file, not a trace: decompress it first ({_UNPACK[packed]} {path}) and pass "
             "the decompressed .csv / .jsonl",
+        )
+    encoding = next((name for bom, name in _WIDE_BOMS if raw.startswith(bom)), None)
+    if encoding is None and b"\x00" in raw:
+        encoding = "UTF-16 or UTF-32 (NUL bytes in its first line)"
+    if encoding is not None:
+        raise TraceError(
+            path,
+            1,
+            f"is encoded as {encoding}, not UTF-8 (Excel's 'Unicode text' and PowerShell write that): convert "
+            f"it first (iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}) and pass the UTF-8 file",
         )
     text = raw.decode("utf-8", errors="replace").removeprefix("\ufeff").rstrip("\r\n")
     if not text.strip():
@@ -125,6 +144,7 @@ def detect_format(path: str | Path) -> str:
     if columns >= set(AZURE_COLUMNS):
         return AZURE
     shown = line if len(line) <= 120 else line[:117] + "..."
+    _refuse_near_header(p, columns, shown)
     for fmt, expected in CSV_COLUMNS.items():  # a known header with columns missing: say which
         if TIME_COLUMN[fmt] in columns and len(columns & set(expected)) >= 2:
             missing = [c for c in expected if c not in columns]
@@ -136,6 +156,22 @@ def detect_format(path: str | Path) -> str:
                 "ignored)",
             )
     raise TraceError(p, 1, f"unknown trace format: first line is {shown!r}; {FORMATS_HELP}")
+
+
+def _refuse_near_header(path: Path, columns: set[str], shown: str) -> None:
+    """A header that names a format's columns in quotes or in another case: say what differs (the readers
+    match column names exactly and read CSV without quoting, one record per line)."""
+    for fmt, expected in CSV_COLUMNS.items():
+        unquoted = {c.strip().strip('"').strip() for c in columns}
+        if unquoted >= set(expected):
+            raise TraceError(path, 1, f"the header names the {fmt!r} columns in double quotes ({shown!r}): "
+                             "quoted CSV is not read (one unquoted record per line); remove the quotes, e.g. "
+                             f"sed 's/\"//g' {path} > {path.stem}.unquoted{path.suffix}")  # fmt: skip
+        lower = {c.lower(): c for c in unquoted}
+        if set(lower) >= {c.lower() for c in expected}:
+            renames = [f"{lower[c.lower()]!r} -> {c!r}" for c in expected if lower[c.lower()] != c]
+            raise TraceError(path, 1, f"the header names the {fmt!r} columns in another case: column names "
+                             f"are case-sensitive; rename {', '.join(renames)} (first line is {shown!r})")  # fmt: skip
 
 
 def csv_header(path: Path, fmt: str, expected: tuple[str, ...]) -> list[str]:
@@ -191,9 +227,31 @@ def _check_seconds(value: str) -> str | None:
     return "negative time" if x < 0 else None
 
 
+def _quoted(value: str) -> bool:
+    v = value.strip()
+    return len(v) >= 2 and v[0] == v[-1] == '"'
+
+
+QUOTED_FIELD = (
+    "quoted field: the readers take unquoted CSV, one record per line (remove the double quotes, e.g. "
+    "sed 's/\"//g' FILE)"
+)
+
+
 def _check_timestamp(value: str) -> str | None:
     if not value.strip():
         return "missing value"
+    if _quoted(value):
+        return QUOTED_FIELD
+    try:
+        float(value)
+    except ValueError:
+        pass
+    else:
+        return (
+            "unparsable time: a number (epoch seconds?) where the azure format takes a date-time "
+            "YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM]; write date-times, or relative seconds in the burstgpt format"
+        )
     parsed = pd.to_datetime(pd.Series([value]), format="ISO8601", utc=True, errors="coerce")
     return "unparsable time (expected YYYY-MM-DD HH:MM:SS.fffffff)" if parsed.isna().iloc[0] else None
 
@@ -231,7 +289,7 @@ def _diagnose_csv(fmt: str, header: list[str], text: str) -> str | None:
     for column, value in zip(header, fields, strict=True):
         if column not in checks:
             continue  # an extra column: ignored
-        problem = checks[column](value)
+        problem = QUOTED_FIELD if _quoted(value) else checks[column](value)
         if problem is not None:
             return f"{problem} (column {column} = {value!r})"
     return None

@@ -24,6 +24,9 @@ from serving.workload.errors import TraceError, TraceWarning
 SECONDS_SUSPECT_RPS = 1000.0
 SECONDS_SUSPECT_MIN_ROWS = 100
 
+# a first timestamp this large is past the year 5000 in ms: epoch microseconds (now ~1.7e15) or nanoseconds
+EPOCH_US_SUSPECT_MS = 1e14
+
 _MOONCAKE_SCHEMA = pa.schema(
     [
         ("timestamp", pa.float64()),
@@ -108,6 +111,13 @@ def mooncake_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
             line += len(lines)
     if rows == 0:
         raise TraceError(path, None, "empty file: only blank lines, no records")
+    if lo_ms >= EPOCH_US_SUSPECT_MS:
+        msg = (
+            f"timestamps start at {lo_ms:.6g}: as Mooncake's milliseconds that is {lo_ms / 3.156e10:,.0f} years "
+            "after 1970; they look like epoch microseconds (or nanoseconds): divide them by 1000 (or 1e6), or "
+            "the trace replays 1000 (1e6) times slower (read as written)"
+        )
+        warnings.warn(TraceWarning(path, 1, rows, msg), stacklevel=2)
     span_s = (hi_ms - lo_ms) / 1000.0
     if rows >= SECONDS_SUSPECT_MIN_ROWS and rows > SECONDS_SUSPECT_RPS * span_s:
         msg = (

@@ -36,6 +36,10 @@ from serving.workload.trace import Trace, concat_traces
 
 DEFAULT_CHUNK_ROWS = 250_000
 DEFAULT_MAX_REORDER_S = 1.0
+# no trace spans this long (31.7 years); past it times are in the wrong unit, and seconds past 9.2e9 do not
+# even fit the simulator's int64 nanoseconds
+MAX_SPAN_S = 1e9
+TIME_UNIT = {F.AZURE: "a date-time", F.MOONCAKE: "milliseconds", F.BURSTGPT: "seconds"}
 
 _PARSERS = {F.AZURE: azure_chunks, F.MOONCAKE: mooncake_chunks, F.BURSTGPT: burstgpt_chunks}
 
@@ -68,9 +72,22 @@ def _in_order(raws: Iterator[RawChunk], path: Path, fmt: str, max_reorder_s: flo
         start = None if origin is None else origin + pd.Timedelta(round(base * 1e9), unit="ns")
         return replace(rows, arrival_s=rows.arrival_s - base, start_time=start, source=str(path), format=fmt)
 
+    first = math.inf
     for raw in raws:
         t = raw.time_s
         origin = raw.origin if origin is None else origin
+        first = min(first, float(t.min())) if len(t) else first
+        beyond = t - first > MAX_SPAN_S
+        if beyond.any():
+            i = int(np.argmax(beyond))
+            value = F.time_field_text(fmt, header, F.raw_line(path, raw.first_line + i))
+            raise TraceError(
+                path,
+                raw.first_line + i,
+                f"arrival {t[i] - first:.6g} s after the first row's, more than {MAX_SPAN_S:.0e} s "
+                f"({MAX_SPAN_S / 3.156e7:.0f} years) (column {F.TIME_COLUMN[fmt]} = {value!r}): not a time in "
+                f"this format's unit ({TIME_UNIT[fmt]}); check the column's unit",
+            )
         before = np.maximum.accumulate(np.concatenate(([latest], t[:-1])))
         back = before - t
         too_far = back > max_reorder_s

@@ -462,3 +462,133 @@ def _ms_to_s(line: bytes) -> bytes:
     head, rest = line.split(b",", 1)
     key, value = head.split(b":", 1)
     return key + b": " + repr(float(value) / 1000.0).encode() + b"," + rest
+
+
+# ---- traffic shapes and exports the sets above lack (session 9) ------------------------------------------
+
+CONTEXT_TOKENS = 131_072  # llama3-8b/a100's max_model_len: prompt + output of the heavy-tailed variant fit it
+
+
+def piecewise_poisson(
+    pieces: list[tuple[float, float]], lengths: Trace, seed: int, start: pd.Timestamp | None = None
+) -> Trace:
+    """Poisson arrivals at rate r for d seconds for each (d, r) of ``pieces``, one after the other (r = 0:
+    silence); prompt and output lengths drawn with replacement from ``lengths``."""
+    rng = np.random.default_rng(seed)
+    times, t0 = [], 0.0
+    for duration_s, rate_rps in pieces:
+        n = rng.poisson(rate_rps * duration_s)
+        times.append(t0 + np.sort(rng.uniform(0.0, duration_s, n)))
+        t0 += duration_s
+    t = np.concatenate(times)
+    pick = rng.integers(0, len(lengths), len(t))
+    out = Trace.from_arrays(t, lengths.prompt_tokens[pick], lengths.output_tokens[pick])
+    return _rebased(replace(out, start_time=start if start is not None else lengths.start_time))
+
+
+def periodic_bursts(
+    duration_s: float, base_rps: float, period_s: float, burst_s: float, factor: float
+) -> list[tuple[float, float]]:
+    """Pieces for ``base_rps`` with a burst of ``factor`` × base for ``burst_s`` at the start of every period."""
+    pieces: list[tuple[float, float]] = []
+    t = 0.0
+    while t < duration_s:
+        on = min(burst_s, duration_s - t)
+        pieces += [(on, base_rps * factor), (min(period_s - burst_s, duration_s - t - on), base_rps)]
+        t += period_s
+    return [(d, r) for d, r in pieces if d > 0]
+
+
+def pareto_prompts(trace: Trace, alpha: float, scale: float, context: int, seed: int) -> Trace:
+    """Prompts Pareto(``alpha``) × ``scale`` (heavy-tailed), each capped so that prompt + output <= ``context``."""
+    rng = np.random.default_rng(seed)
+    raw = scale * (1.0 + rng.pareto(alpha, len(trace)))
+    prompt = np.minimum(np.rint(raw), context - trace.output_tokens).astype(np.int64)
+    return replace(trace, prompt_tokens=np.maximum(prompt, 1))
+
+
+def _utf16(path: Path) -> None:
+    path.write_bytes(path.read_bytes().decode("utf-8").encode("utf-16"))  # with its BOM, as Excel writes
+
+
+def build_shape_variants(out_dir: Path, *, long: bool = True, seed: int = 0) -> list[Variant]:
+    """Traffic shapes and file exports that ``build_variants`` and ``build_hostile_variants`` lack: very high
+    rates, Pareto prompts up to the context, outputs all 0, ×10 steps up and down, periodic bursts at
+    periods no bundled trace has, on/off traffic with long silences, a first minute that is the peak, hours at
+    a low rate; and exports: ISO times with offsets and 3-digit fractions, BurstGPT with epoch seconds, epoch
+    ms, Mooncake with epoch ms and epoch µs, UTF-16, lower-case headers, quoted fields, epoch seconds in an
+    Azure TIMESTAMP, absurd times. Lengths are drawn from the bundled Azure traces."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    code = read_trace(bundled(CODE_TRACE))
+    conv = read_trace(bundled(CONV_TRACE))
+    vs: list[Variant] = []
+
+    def add(name: str, fmt: str, description: str, trace: Trace | None = None, **kw: object) -> Path:
+        path = out_dir / f"{name}.{'jsonl' if fmt == F.MOONCAKE else 'csv'}"
+        kw.setdefault("requests", 0 if trace is None else len(trace))
+        vs.append(Variant(name, fmt, path, description, **kw))  # type: ignore[arg-type]
+        if trace is not None:
+            write_trace(trace, path, fmt)
+        return path
+
+    # traffic shapes ----------------------------------------------------------------------------------
+    high = piecewise_poisson([(120.0, 20.0), (60.0, 1000.0), (120.0, 20.0)], conv, seed)
+    add("shape_1000rps_1min", F.AZURE, "2 min at 20 req/s, 1 min at 1,000 req/s, 2 min at 20 (conv lengths)",
+        high, expect="ok", long=True)  # fmt: skip  (long: 65k requests, the entry points' longer timeout)
+    steady = piecewise_poisson([(600.0, 3.0)], conv, seed + 1)
+    add("shape_pareto_prompts", F.AZURE, f"10 min at 3 req/s, prompts Pareto(1.1) × 300 up to the "
+        f"{CONTEXT_TOKENS:,}-token context", pareto_prompts(steady, 1.1, 300.0, CONTEXT_TOKENS, seed),
+        expect="ok")  # fmt: skip
+    ten = code.window(0.0, 600.0)
+    add("shape_outputs_all_0", F.AZURE, "10 min of code, every output 0 tokens",
+        replace(ten, output_tokens=np.zeros(len(ten), dtype=ten.output_tokens.dtype)), expect="ok")  # fmt: skip
+    add("shape_step_x10_up_down", F.AZURE, "5 min at 2 req/s, 5 min at 20, 5 min at 2 (steps ×10 and ÷10)",
+        piecewise_poisson([(300.0, 2.0), (300.0, 20.0), (300.0, 2.0)], code, seed + 2), expect="ok")  # fmt: skip
+    add("shape_bursts_every_37s", F.AZURE, "15 min at 3 req/s, ×6 for 5 s every 37 s",
+        piecewise_poisson(periodic_bursts(900.0, 3.0, 37.0, 5.0, 6.0), code, seed + 3), expect="ok")  # fmt: skip
+    add("shape_bursts_every_7min", F.AZURE, "30 min at 2 req/s, ×8 for 40 s every 420 s",
+        piecewise_poisson(periodic_bursts(1800.0, 2.0, 420.0, 40.0, 8.0), code, seed + 4), expect="ok")  # fmt: skip
+    add("shape_on_off_20min", F.AZURE, "3 × (2 min at 8 req/s, 20 min of nothing), then 2 min on",
+        piecewise_poisson([(120.0, 8.0), (1200.0, 0.0)] * 3 + [(120.0, 8.0)], conv, seed + 5), expect="ok")  # fmt: skip
+    add("shape_first_minute_peak", F.AZURE, "1 min at 30 req/s, then 10 min at 3 req/s",
+        piecewise_poisson([(60.0, 30.0), (600.0, 3.0)], code, seed + 6), expect="ok")  # fmt: skip
+    if long:
+        add("shape_6h_0.2rps", F.AZURE, "6 h at 0.2 req/s (hours at a low rate)",
+            piecewise_poisson([(21_600.0, 0.2)], conv, seed + 7), expect="ok", long=True)  # fmt: skip
+
+    # exports as other tools write them -----------------------------------------------------------------
+    p = add("export_azure_iso_ms_offsets", F.AZURE, "ISO 8601 with T, 3-digit fractions, +05:30 and Z mixed",
+            requests=len(ten), expect="ok")  # fmt: skip
+    _write_lines(p, _azure_rows(ten, lambda t: (t + pd.Timedelta(hours=5.5)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+                                + "+05:30" if t.second % 2 else t.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"))  # fmt: skip
+    epoch0 = 1_700_157_600.0  # 2023-11-16 18:00:00 UTC
+    add("export_burstgpt_epoch_s", F.BURSTGPT, "BurstGPT with epoch-second timestamps (float)",
+        replace(ten, arrival_s=ten.arrival_s + epoch0), expect="ok")  # fmt: skip
+    add("export_burstgpt_epoch_ms", F.BURSTGPT, "BurstGPT with epoch-millisecond timestamps (read as seconds: "
+        "warned)", replace(ten, arrival_s=np.round((ten.arrival_s + epoch0) * 1000.0)), expect="ok")  # fmt: skip
+    p = add("export_mooncake_epoch_ms", F.MOONCAKE, "Mooncake with epoch-millisecond timestamps",
+            replace(ten, arrival_s=ten.arrival_s + epoch0), expect="ok")  # fmt: skip
+    p = add("export_mooncake_epoch_us", F.MOONCAKE, "Mooncake with epoch-microsecond timestamps (read as ms: "
+            "warned)", replace(ten, arrival_s=(ten.arrival_s + epoch0) * 1000.0), expect="ok")  # fmt: skip
+    p = add("export_azure_utf16", F.AZURE, "10 min of code saved as UTF-16 with a BOM (refused)", ten,
+            expect="error", requests=0, error_line=1)  # fmt: skip
+    _utf16(p)
+    p = add("export_azure_lowercase_header", F.AZURE, "header timestamp,contexttokens,generatedtokens (refused)",
+            ten, expect="error", requests=0, error_line=1)  # fmt: skip
+    lines = _lines(p)
+    _write_lines(p, [lines[0].lower(), *lines[1:]])
+    p = add("export_azure_quoted", F.AZURE, "every field in double quotes (refused)", ten, expect="error",
+            requests=0, error_line=2)  # fmt: skip
+    _write_lines(p, [lines[0]] + [b",".join(b'"' + c + b'"' for c in line.split(b",")) for line in lines[1:]])
+    p = add("export_azure_epoch_seconds", F.AZURE, "Azure header, TIMESTAMP in epoch seconds (refused)",
+            expect="error", error_line=2)  # fmt: skip
+    _write_lines(p, [b"TIMESTAMP,ContextTokens,GeneratedTokens"] + [
+        f"{epoch0 + t:.3f},{pr},{o}".encode()
+        for t, pr, o in zip(ten.arrival_s.tolist(), ten.prompt_tokens.tolist(), ten.output_tokens.tolist(), strict=True)
+    ])  # fmt: skip
+    p = add("export_mooncake_absurd_time", F.MOONCAKE, "Mooncake whose last timestamp is 1e300 (refused)",
+            expect="error", error_line=3)  # fmt: skip
+    _write_lines(p, [b'{"timestamp": 0, "input_length": 100, "output_length": 10}',
+                     b'{"timestamp": 1000, "input_length": 100, "output_length": 10}',
+                     b'{"timestamp": 1e300, "input_length": 100, "output_length": 10}'])  # fmt: skip
+    return vs
