@@ -234,12 +234,8 @@ def burstgpt_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
         extra = {"log_type": log_type.astype(np.int8)}
         yield RawChunk(line, t, prompt, output, codes, output == 0, tuple(names), extra=extra)
     if first_s >= EPOCH_MS_SUSPECT_S:
-        msg = (
-            f"Timestamp starts at {first_s:.6g}: as BurstGPT's seconds that is {first_s / 3.156e7:,.0f} years after "
-            "1970; it looks like epoch milliseconds (or microseconds): divide by 1000 (or 1e6), or the trace "
-            "replays 1000 (1e6) times slower (read as written)"
-        )
-        warnings.warn(TraceWarning(path, 2, rows, msg), stacklevel=2)
+        F.warn_finer_unit(path, 2, rows, "Timestamp starts", first_s, first_s / 3.156e7,
+                          "it looks like epoch milliseconds (or microseconds), not BurstGPT's seconds")  # fmt: skip
     if mismatch:
         msg = f"{mismatch} rows have Total tokens != Request tokens + Response tokens (kept as read)"
         warnings.warn(TraceWarning(path, first_mismatch, mismatch, msg), stacklevel=2)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 
 import pandas as pd
 
-from serving.workload.errors import TraceError
+from serving.workload.errors import TraceError, TraceWarning
 
 AZURE = "azure"
 MOONCAKE = "mooncake"
@@ -49,6 +50,18 @@ def check_format(fmt: str) -> str:
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; {FORMATS_HELP}")
     return fmt
+
+
+def warn_finer_unit(
+    path: Path, line: int, rows: int, what: str, first: float, years: float, finer: str
+) -> None:
+    """One ``TraceWarning``: the first time (``first``, ``years`` after 1970 in the format's unit) looks like
+    ``finer`` units (epoch ms/µs written where the format has s/ms): read as written."""
+    msg = (
+        f"{what} at {first:.6g}: in this format's unit that is {years:,.0f} years after 1970; {finer}: divide "
+        "by 1000 (or 1e6), or the trace replays 1000 (1e6) times slower (read as written)"
+    )
+    warnings.warn(TraceWarning(path, line, rows, msg), stacklevel=3)
 
 
 def raw_lines(path: Path, start_line: int = 1) -> Iterator[tuple[int, str]]:

@@ -112,12 +112,8 @@ def mooncake_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
     if rows == 0:
         raise TraceError(path, None, "empty file: only blank lines, no records")
     if lo_ms >= EPOCH_US_SUSPECT_MS:
-        msg = (
-            f"timestamps start at {lo_ms:.6g}: as Mooncake's milliseconds that is {lo_ms / 3.156e10:,.0f} years "
-            "after 1970; they look like epoch microseconds (or nanoseconds): divide them by 1000 (or 1e6), or "
-            "the trace replays 1000 (1e6) times slower (read as written)"
-        )
-        warnings.warn(TraceWarning(path, 1, rows, msg), stacklevel=2)
+        F.warn_finer_unit(path, 1, rows, "timestamps start", lo_ms, lo_ms / 3.156e10,
+                          "they look like epoch microseconds (or nanoseconds), not Mooncake's milliseconds")  # fmt: skip
     span_s = (hi_ms - lo_ms) / 1000.0
     if rows >= SECONDS_SUSPECT_MIN_ROWS and rows > SECONDS_SUSPECT_RPS * span_s:
         msg = (

@@ -72,6 +72,10 @@ def _in_order(raws: Iterator[RawChunk], path: Path, fmt: str, max_reorder_s: flo
         start = None if origin is None else origin + pd.Timedelta(round(base * 1e9), unit="ns")
         return replace(rows, arrival_s=rows.arrival_s - base, start_time=start, source=str(path), format=fmt)
 
+    def time_error(line: int, what: str, advice: str) -> TraceError:
+        value = F.time_field_text(fmt, header, F.raw_line(path, line))
+        return TraceError(path, line, f"{what} (column {F.TIME_COLUMN[fmt]} = {value!r}){advice}")
+
     first = math.inf
     for raw in raws:
         t = raw.time_s
@@ -80,27 +84,23 @@ def _in_order(raws: Iterator[RawChunk], path: Path, fmt: str, max_reorder_s: flo
         beyond = t - first > MAX_SPAN_S
         if beyond.any():
             i = int(np.argmax(beyond))
-            value = F.time_field_text(fmt, header, F.raw_line(path, raw.first_line + i))
-            raise TraceError(
-                path,
+            raise time_error(
                 raw.first_line + i,
                 f"arrival {t[i] - first:.6g} s after the first row's, more than {MAX_SPAN_S:.0e} s "
-                f"({MAX_SPAN_S / 3.156e7:.0f} years) (column {F.TIME_COLUMN[fmt]} = {value!r}): not a time in "
-                f"this format's unit ({TIME_UNIT[fmt]}); check the column's unit",
+                f"({MAX_SPAN_S / 3.156e7:.0f} years)",
+                f": not a time in this format's unit ({TIME_UNIT[fmt]}); check the column's unit",
             )
         before = np.maximum.accumulate(np.concatenate(([latest], t[:-1])))
         back = before - t
         too_far = back > max_reorder_s
         if too_far.any():
             i = int(np.argmax(too_far))
-            value = F.time_field_text(fmt, header, F.raw_line(path, raw.first_line + i))
-            raise TraceError(
-                path,
+            raise time_error(
                 raw.first_line + i,
                 f"arrival goes back {back[i]:.6g} s before an earlier row, more than max_reorder_s = "
-                f"{max_reorder_s:g} s (column {F.TIME_COLUMN[fmt]} = {value!r}); sort the file by time, or "
-                "read it with a larger max_reorder_s (inf reads rows in any order: pdscale replay/bench "
-                "--max-reorder-s inf)",
+                f"{max_reorder_s:g} s",
+                "; sort the file by time, or read it with a larger max_reorder_s (inf reads rows in any order: "
+                "pdscale replay/bench --max-reorder-s inf)",
             )
         behind = back > 0
         if behind.any():

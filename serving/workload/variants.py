@@ -533,8 +533,14 @@ def build_shape_variants(out_dir: Path, *, long: bool = True, seed: int = 0) -> 
 
     # traffic shapes ----------------------------------------------------------------------------------
     high = piecewise_poisson([(120.0, 20.0), (60.0, 1000.0), (120.0, 20.0)], conv, seed)
-    add("shape_1000rps_1min", F.AZURE, "2 min at 20 req/s, 1 min at 1,000 req/s, 2 min at 20 (conv lengths)",
-        high, expect="ok", long=True)  # fmt: skip  (long: 65k requests, the entry points' longer timeout)
+    add(
+        "shape_1000rps_1min",
+        F.AZURE,
+        "2 min at 20 req/s, 1 min at 1,000 req/s, 2 min at 20 (conv lengths)",
+        high,
+        expect="ok",
+        long=True,
+    )  # fmt: skip  (long: 65k requests, the entry points' longer timeout)
     steady = piecewise_poisson([(600.0, 3.0)], conv, seed + 1)
     add("shape_pareto_prompts", F.AZURE, f"10 min at 3 req/s, prompts Pareto(1.1) × 300 up to the "
         f"{CONTEXT_TOKENS:,}-token context", pareto_prompts(steady, 1.1, 300.0, CONTEXT_TOKENS, seed),
