@@ -8,6 +8,7 @@ Usage::
     .venv/bin/python bench/bench_streaming.py --level-halflife-s 60 --no-train   # a level-relative (v3) model
     .venv/bin/python bench/bench_streaming.py --no-train --combination   # also the online combination
     .venv/bin/python bench/bench_streaming.py --no-train --numpy   # also the torch-free step the controller runs
+    .venv/bin/python bench/bench_streaming.py --numpy-only --nodes 8 1000 10000   # only that, shipped checkpoint
 
 A tick is ``LearnedForecaster.step``: encode raw channels, one LSTM step + attention over the ring per node,
 decode to totals — batched across all nodes. The naive way re-runs the network's full forward over the last
@@ -21,7 +22,10 @@ level-relative model (feature schema v3, ``level_of="arrivals"``, as ``train-for
 (``forecaster.combination.CombinedForecaster``) on the same inputs, right after the raw one: the
 "combined" line is the whole tick (network + combination), beside the raw network's. ``--numpy`` also steps
 the same weights through ``forecaster.inference.NumpyLearnedForecaster`` (float32, what the controller runs,
-no torch) on the same inputs, right after the torch one: the "numpy" line.
+no torch) on the same inputs, right after the torch one: the "numpy" line. ``--numpy-only`` times just that
+step, on the weights, normaliser and schema of ``--checkpoint`` (the shipped default checkpoint unless given),
+the whole tick the controller pays (encoding, network, decoding): CPU median and p99 per tick. It uses only
+the forecaster's public API, so the same file times another tree with ``PYTHONPATH=TREE``.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ from forecaster.streaming import LearnedForecaster
 from forecaster.types import CHANNELS
 
 T0_S = 1.7e9
+DEFAULT_CHECKPOINT = (
+    Path(__file__).resolve().parents[1] / "forecaster" / "checkpoints" / "default.safetensors"
+)
 
 
 def _stats(wall_s: list[float], cpu_s: list[float]) -> dict[str, float]:
@@ -63,6 +70,7 @@ def _stats(wall_s: list[float], cpu_s: list[float]) -> dict[str, float]:
         "median_ms": float(np.median(a)),
         "p10_ms": float(np.percentile(a, 10)),
         "cpu_median_ms": float(np.median(c)),
+        "cpu_p99_ms": float(np.percentile(c, 99)),
         "n": float(len(a)),
     }
 
@@ -151,6 +159,26 @@ def bench_ticks(
     return out
 
 
+def bench_numpy_ticks(n: int, ticks: int, checkpoint: Path, seed: int = 0) -> dict[str, Any]:
+    """``NumpyLearnedForecaster.step`` alone (what the controller runs) on ``checkpoint``, ``n`` nodes: the
+    same random raw channels as :func:`bench_ticks` (5 % masked), after ``window + 5`` warm-up ticks."""
+    f = NumpyLearnedForecaster.load(checkpoint)
+    f.reset([f"node-{i}" for i in range(n)])
+    rng = np.random.default_rng(seed)
+    warm = f.net_config.window + 5
+    wall: list[float] = []
+    cpu: list[float] = []
+    for t in range(warm + ticks):
+        x = rng.gamma(2.0, 5.0, size=(n, len(CHANNELS)))
+        mask = rng.random(x.shape) > 0.05
+        t0, c0 = time.perf_counter(), time.thread_time()
+        f.step(x, mask, T0_S + t)
+        if t >= warm:
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+    return {"nodes": n, "checkpoint": str(checkpoint), "numpy": _stats(wall, cpu)}
+
+
 def bench_encode(n: int, reps: int, schema: FeatureSchema, seed: int = 0) -> dict[str, Any]:
     """The per-tick encoding of ``LearnedForecaster.step``, one pass (this tree) against two (until session 5).
 
@@ -232,6 +260,12 @@ def main() -> None:
         action="store_true",
         help="also step the same weights without torch (forecaster/inference.py, what the controller runs)",
     )
+    p.add_argument(
+        "--numpy-only",
+        action="store_true",
+        help="time only the torch-free step on --checkpoint (no torch, no naive re-run, encoding or training)",
+    )
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the model --numpy-only steps")
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument(
         "--level-halflife-s",
@@ -248,6 +282,9 @@ def main() -> None:
             level_halflife_s=a.level_halflife_s,
             level_of="arrivals",
         )
+    if a.numpy_only:
+        numpy_only(a.nodes, a.ticks, a.checkpoint, a.json)
+        return
     torch.set_num_threads(a.threads)
     results: dict[str, Any] = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
@@ -277,7 +314,7 @@ def main() -> None:
             nn = r["numpy"]
             print(
                 f"{n:>6} nodes: numpy (no torch) wall median {nn['median_ms']:7.2f} ms (p10 {nn['p10_ms']:7.2f}, "
-                f"cpu {nn['cpu_median_ms']:7.2f}) | torch cpu {s['cpu_median_ms']:7.2f} | numpy / torch cpu "
+                f"cpu {nn['cpu_median_ms']:7.2f}, cpu p99 {nn['cpu_p99_ms']:7.2f}) | torch cpu {s['cpu_median_ms']:7.2f} | numpy / torch cpu "
                 f"{nn['cpu_median_ms'] / s['cpu_median_ms']:.2f}"
             )
         if "combined" in r:
@@ -311,6 +348,23 @@ def main() -> None:
     if a.json is not None:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(results, indent=2))
+
+
+def numpy_only(nodes: list[int], ticks: int, checkpoint: Path, json_path: Path | None) -> None:
+    results: dict[str, Any] = {"loadavg_before": os.getloadavg(), "ticks": []}
+    for n in nodes:
+        r = bench_numpy_ticks(n, ticks if n <= 2000 else max(ticks // 4, 10), checkpoint)
+        results["ticks"].append(r)
+        s = r["numpy"]
+        print(
+            f"{n:>6} nodes: numpy tick cpu median {s['cpu_median_ms']:8.2f} ms, p99 {s['cpu_p99_ms']:8.2f} | wall "
+            f"median {s['median_ms']:8.2f} (p10 {s['p10_ms']:8.2f}) | {int(s['n'])} ticks, {checkpoint.name}"
+        )
+    results["loadavg_after"] = os.getloadavg()
+    print(f"load average before {results['loadavg_before']}, after {results['loadavg_after']}")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
