@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -179,6 +180,37 @@ def bench_numpy_ticks(n: int, ticks: int, checkpoint: Path, seed: int = 0) -> di
     return {"nodes": n, "checkpoint": str(checkpoint), "numpy": _stats(wall, cpu)}
 
 
+def bench_numpy_against(n: int, ticks: int, checkpoint: Path, other: Path, seed: int = 0) -> dict[str, Any]:
+    """This tree's ``NumpyLearnedForecaster`` and another tree's (its ``forecaster/inference.py`` loaded from
+    ``other``, the rest of ``forecaster`` shared), stepped alternately tick by tick on the same inputs: on a
+    loaded machine both see the same contention, so their ratio is steadier than two separate runs'."""
+    spec = importlib.util.spec_from_file_location("other_inference", other / "forecaster" / "inference.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--against {other}: no forecaster/inference.py there")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    engines = {
+        "this": NumpyLearnedForecaster.load(checkpoint),
+        "other": mod.NumpyLearnedForecaster.load(checkpoint),
+    }
+    for f in engines.values():
+        f.reset([f"node-{i}" for i in range(n)])
+    rng = np.random.default_rng(seed)
+    warm = engines["this"].net_config.window + 5
+    wall: dict[str, list[float]] = {k: [] for k in engines}
+    cpu: dict[str, list[float]] = {k: [] for k in engines}
+    for t in range(warm + ticks):
+        x = rng.gamma(2.0, 5.0, size=(n, len(CHANNELS)))
+        mask = rng.random(x.shape) > 0.05
+        for name, f in engines.items():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            f.step(x, mask, T0_S + t)
+            if t >= warm:
+                wall[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.thread_time() - c0)
+    return {"nodes": n, "other": str(other), **{k: _stats(wall[k], cpu[k]) for k in engines}}
+
+
 def bench_encode(n: int, reps: int, schema: FeatureSchema, seed: int = 0) -> dict[str, Any]:
     """The per-tick encoding of ``LearnedForecaster.step``, one pass (this tree) against two (until session 5).
 
@@ -265,6 +297,12 @@ def main() -> None:
         action="store_true",
         help="time only the torch-free step on --checkpoint (no torch, no naive re-run, encoding or training)",
     )
+    p.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="with --numpy-only: also step another tree's numpy forecaster, alternating tick by tick",
+    )
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the model --numpy-only steps")
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument(
@@ -283,7 +321,7 @@ def main() -> None:
             level_of="arrivals",
         )
     if a.numpy_only:
-        numpy_only(a.nodes, a.ticks, a.checkpoint, a.json)
+        numpy_only(a.nodes, a.ticks, a.checkpoint, a.json, a.against)
         return
     torch.set_num_threads(a.threads)
     results: dict[str, Any] = {
@@ -350,16 +388,28 @@ def main() -> None:
         a.json.write_text(json.dumps(results, indent=2))
 
 
-def numpy_only(nodes: list[int], ticks: int, checkpoint: Path, json_path: Path | None) -> None:
+def numpy_only(
+    nodes: list[int], ticks: int, checkpoint: Path, json_path: Path | None, against: Path | None
+) -> None:
     results: dict[str, Any] = {"loadavg_before": os.getloadavg(), "ticks": []}
     for n in nodes:
-        r = bench_numpy_ticks(n, ticks if n <= 2000 else max(ticks // 4, 10), checkpoint)
+        k = ticks if n <= 2000 else max(ticks // 4, 10)
+        if against is None:
+            r = bench_numpy_ticks(n, k, checkpoint)
+            lines = {"numpy tick": r["numpy"]}
+        else:
+            r = bench_numpy_against(n, k, checkpoint, against)
+            lines = {"numpy tick, this tree": r["this"], f"numpy tick, {against}": r["other"]}
         results["ticks"].append(r)
-        s = r["numpy"]
-        print(
-            f"{n:>6} nodes: numpy tick cpu median {s['cpu_median_ms']:8.2f} ms, p99 {s['cpu_p99_ms']:8.2f} | wall "
-            f"median {s['median_ms']:8.2f} (p10 {s['p10_ms']:8.2f}) | {int(s['n'])} ticks, {checkpoint.name}"
-        )
+        for label, s in lines.items():
+            print(
+                f"{n:>6} nodes: {label}: cpu median {s['cpu_median_ms']:8.2f} ms, p99 {s['cpu_p99_ms']:8.2f} | "
+                f"wall median {s['median_ms']:8.2f} (p10 {s['p10_ms']:8.2f}) | {int(s['n'])} ticks, {checkpoint.name}"
+            )
+        if against is not None:
+            print(
+                f"{n:>6} nodes: cpu medians, other / this: {r['other']['cpu_median_ms'] / r['this']['cpu_median_ms']:.2f}"
+            )
     results["loadavg_after"] = os.getloadavg()
     print(f"load average before {results['loadavg_before']}, after {results['loadavg_after']}")
     if json_path is not None:

@@ -241,9 +241,9 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _recip_1p_exp_(x: np.ndarray) -> None:
-    """``x ← 1 / (1 + exp(x))`` in place: the logistic function of ``-x`` (exp overflowing to inf gives 0)."""
-    with np.errstate(over="ignore"):
-        np.exp(x, out=x)
+    """``x ← 1 / (1 + exp(x))`` in place: the logistic function of ``-x`` (exp overflowing to inf gives 0:
+    call it under ``np.errstate(over="ignore")``)."""
+    np.exp(x, out=x)
     x += 1.0
     np.reciprocal(x, out=x)
 
@@ -369,6 +369,10 @@ class NumpyNet:
     def step(self, state: RingState, z: np.ndarray, tick: int) -> tuple[np.ndarray, np.ndarray]:
         """One step for every node: encoded inputs ``z [N, n_inputs]``, written to ring slot ``tick % window``
         (``state`` is updated in place) → normalised quantiles ``[N, K, Q]`` and burst logits ``[N]``."""
+        with np.errstate(over="ignore"):  # a logistic gate's exp overflowing to inf is its limit 0
+            return self._step(state, z, tick)
+
+    def _step(self, state: RingState, z: np.ndarray, tick: int) -> tuple[np.ndarray, np.ndarray]:
         s, hd, n = state.scratch, self.config.hidden, z.shape[0]
         s.lstm_in[0][: self.config.n_inputs] = z.T
         for layer, weight in enumerate(self._lstm):
