@@ -119,10 +119,20 @@ class RoleHistory:
 class LeadPeaks:
     """The burst reserve's lead peaks that no later need block can change (``stages.burst_reserve_kept``):
     float64 rows (block_start_s, prefill need, decode need, prefill peak, decode peak) of the oldest blocks,
-    in native byte order, for the lead ``lead_s`` they were computed with (another lead ignores them)."""
+    in native byte order, for the lead ``lead_s`` they were computed with (another lead ignores them).
+
+    Beside them, the cache ``controller.policy.reserve_fast`` reads (empty: none, the numpy path runs): the
+    ``headroom`` the rises were computed with; ``rises``, float64 rows (prefill rise, decode rise) aligned
+    with ``rows`` (NaN where the peak is not finite); ``ordered``, the rows' finite-peak (prefill rises,
+    decode rises, prefill peaks, decode peaks), each sorted; ``marks``, the (start, trend factor) marks
+    (``PoolState.projected_blocks``) on the rows' blocks that the rises were computed with."""
 
     lead_s: float = math.nan
     rows: bytes = b""
+    headroom: float = math.nan
+    rises: bytes = b""
+    ordered: tuple[tuple[float, ...], ...] = ()
+    marks: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
