@@ -198,9 +198,10 @@ class PoolState:
     arrival_calibration: ArrivalCalibration = field(default_factory=lambda: ArrivalCalibration())
 
 
-_Evolvable = TypeVar("_Evolvable", ArrivalCalibration, PoolObservation, PoolState)
+_Evolvable = TypeVar("_Evolvable", ArrivalCalibration, PoolObservation, PoolState, ScalingPlan)
 _FIELDS: dict[type, frozenset[str]] = {
-    cls: frozenset(f.name for f in fields(cls)) for cls in (ArrivalCalibration, PoolObservation, PoolState)
+    cls: frozenset(f.name for f in fields(cls))
+    for cls in (ArrivalCalibration, PoolObservation, PoolState, ScalingPlan)
 }
 for _cls in _FIELDS:  # what evolve relies on: __init__ only stores the fields
     if hasattr(_cls, "__post_init__") or any(not f.init for f in fields(_cls)):
@@ -208,9 +209,10 @@ for _cls in _FIELDS:  # what evolve relies on: __init__ only stores the fields
 
 
 def evolve(value: _Evolvable, **changes: Any) -> _Evolvable:
-    """``dataclasses.replace(value, **changes)`` for an ``ArrivalCalibration``, a ``PoolObservation`` or a
-    ``PoolState``: an equal value (same fields, same order), without replace's per-field machinery (~1 µs
-    instead of ~9; the policy makes ~17 per pool per tick). All three are frozen, with no ``__post_init__``
+    """``dataclasses.replace(value, **changes)`` for an ``ArrivalCalibration``, a ``PoolObservation``, a
+    ``PoolState`` or a ``ScalingPlan``: an equal value (same fields, same order), without replace's per-field
+    machinery (~1 µs instead of ~9; the policy makes ~17 per pool per tick, the pipeline one more). All four
+    are frozen, with no ``__post_init__``
     and no ``init=False`` field (checked at import), so their ``__init__`` only stores the fields. An unknown field is a TypeError, as in replace."""
     cls = type(value)
     names = _FIELDS.get(cls)
