@@ -128,10 +128,12 @@ def kept_reserve(
     while d < nrows and rows[5 * d] < blocks[0][0]:
         d += 1
     c = nrows - d
-    if not (0 < c < n and rows[5 * d] == blocks[0][0] and rows[5 * (nrows - 1)] == blocks[c - 1][0]):
+    # the last kept row's start (-inf with none: a cache built before any block was final)
+    last = rows[5 * (nrows - 1)] if nrows else -_INF
+    if nrows and not (0 < c < n and rows[5 * d] == blocks[0][0] and last == blocks[c - 1][0]):
         return None
     t, v0, v1, _ = zip(*blocks[c:], strict=True)
-    if not (t[0] > rows[5 * (nrows - 1)] and all(map(operator.lt, t, t[1:]))):
+    if not (t[0] > last and all(map(operator.lt, t, t[1:]))):
         return None  # (a NaN start fails too)
     if not math.isfinite(sum(v0) + sum(v1)) or _has_negative_zero(v0) or _has_negative_zero(v1):
         return None
@@ -139,7 +141,7 @@ def kept_reserve(
     if marks != sorted(marks):
         return None  # numpy's search of unordered marks is not bisection's
     if (
-        _marks_on(projected, marks, blocks[0][0], rows[5 * (nrows - 1)])
+        _marks_on(projected, marks, blocks[0][0], last)
         != final.marks[bisect.bisect_left([x[0] for x in final.marks], blocks[0][0]) :]
     ):
         return None  # the final rows' rises were computed with other marks
@@ -208,7 +210,7 @@ def kept_reserve(
         headroom,
         final.rises[16 * d :] + new_rises.tobytes(),
         tuple(tuple(x) for x in ordered),
-        _marks_on(projected, marks, blocks[0][0], t[f - 1] if f else rows[5 * (nrows - 1)]),
+        _marks_on(projected, marks, blocks[0][0], t[f - 1] if f else last),
     )
     return reserve, out
 
@@ -226,11 +228,13 @@ def cache(
     their lead peaks) with the cache ``kept_reserve`` reads: the rows' rises (``rise`` [role, block], as the
     reserve computed them with ``headroom`` and the marks ``projected``) and the sorted rises and peaks of
     those whose peak is finite. None is built (the numpy path stays) where a final value is NaN, +inf or -0.0,
-    the marks are out of order, or the rows are none."""
+    the marks are out of order; with no rows, an empty one."""
     f = len(final.rows) // 40
     marks = [x[0] for x in projected]
-    if f == 0 or marks != sorted(marks):
+    if marks != sorted(marks) or not math.isfinite(headroom):
         return final
+    if f == 0:  # no block final yet: an empty cache, the newest blocks are all there is
+        return LeadPeaks(final.lead_s, b"", headroom, b"", ((), (), (), ()), ())
     vf, pf, rf = v[:, :f], peak[:, :f], rise[:, :f]
     finite = np.isfinite(pf[0])
     if not (finite == np.isfinite(pf[1])).all() or not np.isfinite(vf).all():
