@@ -28,12 +28,13 @@ from serving.sim.cpu_tiny_measure import read_outside  # noqa: E402
 from serving.sim.validate import (  # noqa: E402
     CALIBRATED,
     CALIBRATED_OUTSIDE,
+    CALIBRATED_OUTSIDE_SAMPLED,
     CALIBRATED_OUTSIDE_SHARE,
     validate_against_sim,
 )
 from serving.workload.readers import read_trace  # noqa: E402
 
-VARIANTS = (CALIBRATED, CALIBRATED_OUTSIDE, CALIBRATED_OUTSIDE_SHARE)
+VARIANTS = (CALIBRATED, CALIBRATED_OUTSIDE, CALIBRATED_OUTSIDE_SHARE, CALIBRATED_OUTSIDE_SAMPLED)
 
 
 def outside_table(csv_text: str) -> dict[str, Any]:

@@ -431,8 +431,8 @@ def fit_client_outside(rows: dict[str, np.ndarray]) -> dict[str, Any]:
     """The client's TTFT less the server's own for the same requests, ``outside = const + per_prompt_token *
     prompt + per_inflight * (others in flight at send)``, by non-negative least squares on the rows' means (a
     linear term's mean is the term at the means), each row weighted by its request count. Returns the three
-    ``OUTSIDE_TERMS`` and ``n_rows``, ``n_requests``, the rows' median outside alone and loaded (ms) and the fit's
-    largest miss of a row (ms). Raises ``CalibrationError`` when there are no lone rows or no loaded ones (the
+    ``OUTSIDE_TERMS`` and ``n_rows``, ``n_requests``, the rows' median outside alone and loaded (ms), the fit's
+    largest miss of a row (ms) and every lone row's residual (``lone_residuals_ms``, measured - fitted). Raises ``CalibrationError`` when there are no lone rows or no loaded ones (the
     constant and the load term cannot be told apart) or a row is not finite."""
     from scipy.optimize import nnls
 
@@ -455,6 +455,8 @@ def fit_client_outside(rows: dict[str, np.ndarray]) -> dict[str, Any]:
         "lone_outside_median_ms": float(np.median(outside[kind == "lone"])),
         "load_outside_median_ms": float(np.median(outside[kind == "load"])),
         "max_abs_miss_ms": float(np.max(np.abs(miss))),
+        # measured - fitted of every lone request (one request per row): the spread the sampled variant draws
+        "lone_residuals_ms": [round(float(-x), 4) for x in miss[kind == "lone"]],
     }
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -417,19 +417,26 @@ class ClientOutside:
     """The client's TTFT beyond the simulator's (session 9): what a real client times outside vLLM's own TTFT
     (HTTP, rendering and tokenising before its stamp, the first chunk's detokenising and flush), less what the
     profile already places outside the stamp. Per request: ``const_ms + per_prompt_token_ms * prompt tokens +
-    per_inflight_ms * (other requests in flight in the simulator when it arrives)``. Fitted by
-    ``cpu_tiny_fit.fit_client_outside`` from ``--calibrate``'s outside rows; moves the client's TTFT only (the
-    exported histograms, ITL and the replay itself are untouched)."""
+    per_inflight_ms * (other requests in flight in the simulator when it arrives)``, plus, with ``residuals_ms``,
+    one of them drawn per request (seeded by ``seed``): the lone rows' spread about the fit, so the term's
+    distribution is the measured one, not its mean. Fitted by ``cpu_tiny_fit.fit_client_outside`` from
+    ``--calibrate``'s outside rows; moves the client's TTFT only (the exported histograms, ITL and the replay
+    itself are untouched)."""
 
     const_ms: float = 0.0
     per_prompt_token_ms: float = 0.0
     per_inflight_ms: float = 0.0
+    residuals_ms: tuple[float, ...] = ()
+    seed: int = 0
 
     def added_ms(self, prompt_tokens: np.ndarray, inflight: np.ndarray) -> np.ndarray:
-        return np.asarray(
-            self.const_ms + self.per_prompt_token_ms * prompt_tokens + self.per_inflight_ms * inflight,
-            dtype=np.float64,
-        )
+        out = self.const_ms + self.per_prompt_token_ms * prompt_tokens + self.per_inflight_ms * inflight
+        if self.residuals_ms:
+            rng = np.random.default_rng(self.seed)
+            out = out + rng.choice(
+                np.asarray(self.residuals_ms, dtype=np.float64), size=np.shape(prompt_tokens)
+            )
+        return np.asarray(out, dtype=np.float64)
 
 
 def client_ttft_with_outside(
@@ -530,6 +537,8 @@ CALIBRATED = "calibrated"  # the key of the profile fitted on the validation's o
 # and the same with the s8w overhead share fitted from them too (the term then holds the rest)
 CALIBRATED_OUTSIDE = "calibrated+outside"
 CALIBRATED_OUTSIDE_SHARE = "calibrated+outside+share"
+# the term with the lone rows' residuals drawn per request (the measured spread, not only its mean)
+CALIBRATED_OUTSIDE_SAMPLED = "calibrated+outside-sampled"
 
 
 def outside_variants(calibration: dict[str, Any]) -> dict[str, Any] | None:
@@ -565,6 +574,7 @@ def outside_variants(calibration: dict[str, Any]) -> dict[str, Any] | None:
             shared,
             ClientOutside(**(asdict(term) | {"const_ms": term.const_ms - share * overhead})),
         ),
+        CALIBRATED_OUTSIDE_SAMPLED: (profile, replace(term, residuals_ms=tuple(fit["lone_residuals_ms"]))),
     }
 
 

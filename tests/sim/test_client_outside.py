@@ -5,6 +5,7 @@ from the simulated timeline) and nothing else; a recorded calibration with outsi
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from serving.sim.latency import CPU_TINY_JSON
 from serving.sim.validate import (
     CALIBRATED,
     CALIBRATED_OUTSIDE,
+    CALIBRATED_OUTSIDE_SAMPLED,
     CALIBRATED_OUTSIDE_SHARE,
     ClientOutside,
     client_ttft_with_outside,
@@ -83,6 +85,38 @@ def test_synthetic_rows_give_back_their_term(tmp_path: Path) -> None:
     flat = _fit_via_csv(_rows(per_inflight=0.0), tmp_path)
     assert flat["per_inflight_ms"] == pytest.approx(0.0, abs=1e-3)
     assert flat["const_ms"] == pytest.approx(CONST, rel=1e-4)
+
+
+def test_the_sampled_term_draws_the_lone_rows_spread(tmp_path: Path) -> None:
+    """Lone rows scattered about the term: the fit's residuals, drawn per request, give back exactly the measured
+    lone outsides at their prompts (in flight 0), the same draws every time."""
+    rows = _rows()
+    noise = [30.0, -20.0, 55.0, -10.0, 0.0, 5.0, -25.0, 15.0]
+    lone = [i for i, r in enumerate(rows) if r.kind == "lone"]
+    for i, e in zip(lone, noise, strict=True):
+        r = rows[i]
+        rows[i] = OutsideRow(**(asdict(r) | {"client_ttft_mean_ms": r.client_ttft_mean_ms + e}))
+    fit = _fit_via_csv(rows, tmp_path)
+    term = ClientOutside(
+        fit["const_ms"], fit["per_prompt_token_ms"], fit["per_inflight_ms"], tuple(fit["lone_residuals_ms"])
+    )
+    n = OUTSIDE_PROMPTS[0]
+    measured = np.array(
+        [
+            rows[i].client_ttft_mean_ms - rows[i].server_ttft_mean_ms
+            for i in lone
+            if rows[i].prompt_tokens_mean == n
+        ]
+    )
+    drawn = term.added_ms(np.full(200, float(n)), np.zeros(200))
+    support = fit["const_ms"] + fit["per_prompt_token_ms"] * n + np.array(fit["lone_residuals_ms"])
+
+    def nearest(x: np.ndarray) -> np.ndarray:
+        return np.asarray(np.min(np.abs(x[:, None] - support[None, :]), axis=1))
+
+    assert np.all(nearest(drawn) < 1e-3) and np.all(nearest(measured) < 1e-3)
+    assert len(set(np.round(drawn, 3).tolist())) > 1  # drawn, not one value
+    assert np.array_equal(drawn, term.added_ms(np.full(200, float(n)), np.zeros(200)))
 
 
 def test_the_fit_needs_lone_and_loaded_rows(tmp_path: Path) -> None:
@@ -167,7 +201,13 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_recording_with_outside_rows_gets_both_variants(recorded: Path, tmp_path: Path) -> None:
     doc = validate_against_sim(read_trace(CONV), work_dir=tmp_path, real_json=recorded)
     shipped = str(CPU_TINY_JSON.relative_to(ROOT))
-    assert list(doc["within_goal"]) == [shipped, CALIBRATED, CALIBRATED_OUTSIDE, CALIBRATED_OUTSIDE_SHARE]
+    assert list(doc["within_goal"]) == [
+        shipped,
+        CALIBRATED,
+        CALIBRATED_OUTSIDE,
+        CALIBRATED_OUTSIDE_SHARE,
+        CALIBRATED_OUTSIDE_SAMPLED,
+    ]
     fit = doc["client_outside_fit"]
     assert fit["per_inflight_ms"] == pytest.approx(PER_INFLIGHT, rel=1e-4)
     sims = doc["sim"]
