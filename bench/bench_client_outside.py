@@ -28,13 +28,20 @@ from serving.sim.cpu_tiny_measure import read_outside  # noqa: E402
 from serving.sim.validate import (  # noqa: E402
     CALIBRATED,
     CALIBRATED_OUTSIDE,
+    CALIBRATED_OUTSIDE_MEAN,
     CALIBRATED_OUTSIDE_SAMPLED,
     CALIBRATED_OUTSIDE_SHARE,
     validate_against_sim,
 )
 from serving.workload.readers import read_trace  # noqa: E402
 
-VARIANTS = (CALIBRATED, CALIBRATED_OUTSIDE, CALIBRATED_OUTSIDE_SHARE, CALIBRATED_OUTSIDE_SAMPLED)
+VARIANTS = (
+    CALIBRATED,
+    CALIBRATED_OUTSIDE,
+    CALIBRATED_OUTSIDE_SHARE,
+    CALIBRATED_OUTSIDE_SAMPLED,
+    CALIBRATED_OUTSIDE_MEAN,
+)
 
 
 def outside_table(csv_text: str) -> dict[str, Any]:
@@ -102,6 +109,11 @@ def main() -> None:
                 f"  fit: {f['const_ms']:.1f} ms + {f['per_prompt_token_ms']:.4f} ms/prompt token + "
                 f"{f['per_inflight_ms']:.1f} ms/in flight (max miss {f['max_abs_miss_ms']:.0f} ms); overhead share "
                 f"{f['request_overhead_outside_fraction']:.2f}"
+            )
+            m = f["mean_fit"]
+            print(
+                f"  least squares: {m['const_ms']:.1f} + {m['per_prompt_token_ms']:.4f}/token + "
+                f"{m['per_inflight_ms']:.1f}/in flight"
             )
             print(
                 "  slice mean outside (client - server TTFT mean, ms): "

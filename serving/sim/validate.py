@@ -537,18 +537,20 @@ CALIBRATED = "calibrated"  # the key of the profile fitted on the validation's o
 # and the same with the s8w overhead share fitted from them too (the term then holds the rest)
 CALIBRATED_OUTSIDE = "calibrated+outside"
 CALIBRATED_OUTSIDE_SHARE = "calibrated+outside+share"
-# the term with the lone rows' residuals drawn per request (the measured spread, not only its mean)
+# the term with the lone rows' residuals drawn per request (the measured spread, not only its typical value)
 CALIBRATED_OUTSIDE_SAMPLED = "calibrated+outside-sampled"
+# the term fitted by least squares (the rows' mean outside, tail included) instead of least absolute deviations
+CALIBRATED_OUTSIDE_MEAN = "calibrated+outside-mean"
 
 
 def outside_variants(calibration: dict[str, Any]) -> dict[str, Any] | None:
     """From a recorded calibration with outside rows (``calibration["outside"]["csv"]``): the fit
-    (``cpu_tiny_fit.fit_client_outside``), the overhead share it implies at the lone rows' mean prompt, and per
-    variant key the profile (the calibrated one; with the share set for ``CALIBRATED_OUTSIDE_SHARE``) and its
-    ``ClientOutside``. None when the recording has no outside rows (session 8's)."""
+    (``cpu_tiny_fit.fit_client_outside``, least absolute deviations; the least-squares one as ``mean_fit``), the
+    overhead share it implies at the lone rows' mean prompt, and per variant key the profile (the calibrated one;
+    with the share set for ``CALIBRATED_OUTSIDE_SHARE``) and its ``ClientOutside``. None when the recording has no outside rows (session 8's)."""
     import tempfile
 
-    from serving.sim.cpu_tiny_fit import fit_client_outside, overhead_outside_share
+    from serving.sim.cpu_tiny_fit import OUTSIDE_TERMS, fit_client_outside, overhead_outside_share
     from serving.sim.cpu_tiny_measure import read_outside
 
     text = (calibration.get("outside") or {}).get("csv")
@@ -559,6 +561,7 @@ def outside_variants(calibration: dict[str, Any]) -> dict[str, Any] | None:
         path.write_text(text)
         rows = read_outside(path)
     fit = fit_client_outside(rows)
+    mean_fit = fit_client_outside(rows, loss="mean")
     profile = calibration["profile"]
     overhead = float((profile.get("overheads") or {}).get("request_overhead_ms", 0.0))
     lone_prompt = float(np.mean(rows["prompt_tokens_mean"][rows["kind"] == "lone"]))
@@ -567,7 +570,7 @@ def outside_variants(calibration: dict[str, Any]) -> dict[str, Any] | None:
     shared = dict(profile) | {"overheads": dict(profile.get("overheads") or {})}
     shared["overheads"]["request_overhead_outside_fraction"] = share
     return {
-        "fit": fit | {"request_overhead_outside_fraction": share},
+        "fit": fit | {"request_overhead_outside_fraction": share, "mean_fit": mean_fit},
         CALIBRATED_OUTSIDE: (profile, term),
         # the share's part of the overhead already lies outside the sim's stamp: the term adds the rest
         CALIBRATED_OUTSIDE_SHARE: (
@@ -575,6 +578,7 @@ def outside_variants(calibration: dict[str, Any]) -> dict[str, Any] | None:
             ClientOutside(**(asdict(term) | {"const_ms": term.const_ms - share * overhead})),
         ),
         CALIBRATED_OUTSIDE_SAMPLED: (profile, replace(term, residuals_ms=tuple(fit["lone_residuals_ms"]))),
+        CALIBRATED_OUTSIDE_MEAN: (profile, ClientOutside(*(mean_fit[k] for k in OUTSIDE_TERMS))),
     }
 
 

@@ -15,7 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from serving.sim.calibrate import CSV_NAMES, OUTSIDE_CSV, CalibrationSpec
-from serving.sim.cpu_tiny_fit import CalibrationError, fit_client_outside, overhead_outside_share
+from serving.sim.cpu_tiny_fit import (
+    OUTSIDE_TERMS,
+    CalibrationError,
+    fit_client_outside,
+    overhead_outside_share,
+)
 from serving.sim.cpu_tiny_measure import (
     OUTSIDE_CONCURRENCY,
     OUTSIDE_PROMPTS,
@@ -28,6 +33,7 @@ from serving.sim.latency import CPU_TINY_JSON
 from serving.sim.validate import (
     CALIBRATED,
     CALIBRATED_OUTSIDE,
+    CALIBRATED_OUTSIDE_MEAN,
     CALIBRATED_OUTSIDE_SAMPLED,
     CALIBRATED_OUTSIDE_SHARE,
     ClientOutside,
@@ -119,6 +125,35 @@ def test_the_sampled_term_draws_the_lone_rows_spread(tmp_path: Path) -> None:
     assert np.array_equal(drawn, term.added_ms(np.full(200, float(n)), np.zeros(200)))
 
 
+@pytest.mark.parametrize("loss", ["median", "mean"])
+def test_both_losses_give_back_an_exact_term(loss: str) -> None:
+    cols = _columns(_rows())
+    fit = fit_client_outside(cols, loss=loss)
+    assert [fit[k] for k in OUTSIDE_TERMS] == pytest.approx([CONST, PER_TOKEN, PER_INFLIGHT], rel=1e-4)
+
+
+def test_one_slow_request_moves_the_mean_fit_not_the_median_one() -> None:
+    """A single lone request 400 ms late (the kind this VM shows): least squares lifts its constant, least
+    absolute deviations keeps the term."""
+    rows = _rows()
+    i = next(i for i, r in enumerate(rows) if r.kind == "lone")
+    rows[i] = OutsideRow(**(asdict(rows[i]) | {"client_ttft_mean_ms": rows[i].client_ttft_mean_ms + 400.0}))
+    cols = _columns(rows)
+    median, mean = fit_client_outside(cols), fit_client_outside(cols, loss="mean")
+    assert [median[k] for k in OUTSIDE_TERMS] == pytest.approx([CONST, PER_TOKEN, PER_INFLIGHT], rel=1e-3)
+    assert mean["const_ms"] > CONST + 5.0
+    assert max(median["lone_residuals_ms"]) == pytest.approx(400.0, abs=0.01)
+    with pytest.raises(ValueError, match="loss must be"):
+        fit_client_outside(cols, loss="p90")
+
+
+def _columns(rows: list[OutsideRow]) -> dict[str, np.ndarray]:
+    cols = {
+        k: np.array([getattr(r, k) for r in rows], dtype=np.float64) for k in asdict(rows[0]) if k != "kind"
+    }
+    return cols | {"kind": np.array([r.kind for r in rows])}
+
+
 def test_the_fit_needs_lone_and_loaded_rows(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="no load rows"):
         _fit_via_csv([r for r in _rows() if r.kind == "lone"], tmp_path)
@@ -207,6 +242,7 @@ def test_a_recording_with_outside_rows_gets_both_variants(recorded: Path, tmp_pa
         CALIBRATED_OUTSIDE,
         CALIBRATED_OUTSIDE_SHARE,
         CALIBRATED_OUTSIDE_SAMPLED,
+        CALIBRATED_OUTSIDE_MEAN,
     ]
     fit = doc["client_outside_fit"]
     assert fit["per_inflight_ms"] == pytest.approx(PER_INFLIGHT, rel=1e-4)
