@@ -7,6 +7,7 @@ the slice itself (never fitted on) the real mean outside (client TTFT mean - ser
 calibrated variant's simulator puts there. No server; the sim side is deterministic.
 
     .venv/bin/python bench/bench_client_outside.py --out-dir DIR [--json OUT]
+    .venv/bin/python bench/bench_client_outside.py --out-dir serving/sim/profiles/validation --tag s9o  # session 9's
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_validate_repeat import SLICES, ttft_split  # noqa: E402
+from bench.bench_validate_repeat import SLICES, _paths, ttft_split  # noqa: E402
 from serving.sim.cpu_tiny_measure import read_outside  # noqa: E402
 from serving.sim.validate import (  # noqa: E402
     CALIBRATED,
@@ -88,10 +89,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out-dir", type=Path, required=True)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--tag", default="s9o", help="recordings <prefix>_<tag>r<k>.json when DIR has no --run files"
+    )
     args = ap.parse_args()
     runs = []
     for name, (trace, _start) in SLICES.items():
-        for path in sorted(args.out_dir.glob(f"{name}_r*.json")):
+        for path in _paths(args.out_dir, name, args.tag):
             s = run_summary(path, trace)
             runs.append(s)
             f, o = s["fit"], s["outside_rows"]

@@ -270,3 +270,14 @@ def test_a_recording_without_outside_rows_is_unchanged(tmp_path: Path) -> None:
     assert CALIBRATED in doc["within_goal"] and CALIBRATED_OUTSIDE not in doc["within_goal"]
     assert doc["client_outside_fit"] is None
     assert set(CSV_NAMES) == set(doc["real"]["calibration"]["csv"])
+
+
+def test_session_9s_recordings_carry_outside_rows_that_fit(tmp_path: Path) -> None:
+    """A recorded --calibrate run of session 9 (real outside rows): the term fits and every variant is simulated."""
+    path = ROOT / "serving/sim/profiles/validation/conv_rows600-719_1rps_s9or1.json"
+    doc = validate_against_sim(read_trace(CONV), work_dir=tmp_path, real_json=path)
+    fit = doc["client_outside_fit"]
+    assert fit["n_rows"] == 14 and all(fit[k] >= 0 for k in OUTSIDE_TERMS)
+    assert {CALIBRATED_OUTSIDE, CALIBRATED_OUTSIDE_SAMPLED, CALIBRATED_OUTSIDE_MEAN} <= set(
+        doc["within_goal"]
+    )
