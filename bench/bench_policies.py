@@ -129,10 +129,27 @@ def ramp_trace(ramp_s: float, seed: int = 13) -> Trace:
 
 
 def workload(
-    name: str, duration_s: float | None, sine_period_s: float, ramp_s: float = 1200.0
+    name: str, duration_s: float | None, sine_period_s: float, ramp_s: float = 1200.0, *, prefix: bool = False
 ) -> tuple[Trace, FleetSpec]:
     """The trace and the fleet (SLOs) of one named workload. ``mmpp@SEED`` / ``mmpp-holdout@SEED``: the same
-    generator parameters with another seed (unseen traffic of the same kind)."""
+    generator parameters with another seed (unseen traffic of the same kind).
+
+    ``duration_s`` cuts the bundled traces and the ramp to their first ``duration_s`` s. The generated ones
+    (sine, mmpp, mmpp-holdout, mmpp-diurnal) are generated for ``duration_s`` instead of their default length,
+    another realisation; with ``prefix`` they are generated for their default length (or ``duration_s`` if
+    longer) and cut, so that a shorter run replays the start of the very trace a full run replays (what
+    ``--duration-s`` means in bench_policies.py and bench_misses.py). ``prefix`` is off by default for the
+    scripts whose recorded digests were taken on the regenerated traces (bench_sim_digest.py)."""
+
+    def span(default: float) -> float:
+        """The generator's duration."""
+        if not duration_s:
+            return default
+        return max(duration_s, default) if prefix else duration_s
+
+    def cut(trace: Trace) -> Trace:
+        return trace.window(0.0, duration_s) if prefix and duration_s else trace
+
     name, _, seed_text = name.partition("@")
     seed: int | None = None
     if seed_text:
@@ -151,7 +168,7 @@ def workload(
         return trace, single_pool()
     if name == "sine":
         params = SyntheticParams(
-            duration_s=duration_s or 2 * sine_period_s,
+            duration_s=span(2 * sine_period_s),
             rate_rps=12.5,
             burst_multiplier=1.0,
             diurnal_amplitude=11.5 / 12.5,  # 1 <-> 24 req/s
@@ -160,10 +177,10 @@ def workload(
             prompt=SINE_PROMPT,
             output=SINE_OUTPUT,
         )
-        return generate(params, seed=11), single_pool(slo_ttft_ms=3000.0, slo_itl_ms=35.0)
+        return cut(generate(params, seed=11)), single_pool(slo_ttft_ms=3000.0, slo_itl_ms=35.0)
     if name == "mmpp":
         params = SyntheticParams(
-            duration_s=duration_s or 1200.0,
+            duration_s=span(1200.0),
             rate_rps=4.0,
             burst_multiplier=6.0,
             calm_mean_s=150.0,
@@ -171,12 +188,12 @@ def workload(
             prompt=LengthDist(median_tokens=1500.0, sigma=0.8, max_tokens=8000),
             output=LengthDist(median_tokens=200.0, sigma=0.8, max_tokens=2000),
         )
-        return generate(params, seed=5 if seed is None else seed), single_pool()
+        return cut(generate(params, seed=5 if seed is None else seed)), single_pool()
     if name == "mmpp-diurnal":
         # Bursts riding a diurnal wave (added with the ramp detector to check that bursts on a rise are not
         # read as a steeper ramp; never used to choose a default): 4x bursts of ~30 s on a 1800-s cycle.
         params = SyntheticParams(
-            duration_s=duration_s or 3600.0,
+            duration_s=span(3600.0),
             rate_rps=6.0,
             burst_multiplier=4.0,
             calm_mean_s=150.0,
@@ -186,11 +203,11 @@ def workload(
             prompt=LengthDist(median_tokens=1500.0, sigma=0.8, max_tokens=8000),
             output=LengthDist(median_tokens=200.0, sigma=0.8, max_tokens=2000),
         )
-        return generate(params, seed=31), single_pool()
+        return cut(generate(params, seed=31)), single_pool()
     if name == "mmpp-holdout":
         # Held out: never used to choose a default. Another seed, longer and rarer bursts, a lower ratio.
         params = SyntheticParams(
-            duration_s=duration_s or 1800.0,
+            duration_s=span(1800.0),
             rate_rps=3.0,
             burst_multiplier=4.0,
             calm_mean_s=300.0,
@@ -198,7 +215,7 @@ def workload(
             prompt=LengthDist(median_tokens=1000.0, sigma=1.0, max_tokens=8000),
             output=LengthDist(median_tokens=300.0, sigma=0.7, max_tokens=2000),
         )
-        return generate(params, seed=23 if seed is None else seed), single_pool()
+        return cut(generate(params, seed=23 if seed is None else seed)), single_pool()
     if name == "mooncake":
         # Held out: the bundled Mooncake FAST'25 trace (Poisson arrivals, ~15k-token prompts). TTFT 1 s is
         # beyond one llama3-8b/a100 prefill of 15k tokens at any load, so the SLO here is TTFT 5 s, ITL 50 ms.
@@ -209,6 +226,12 @@ def workload(
     raise ValueError(
         f"unknown workload {name!r}: code, conv, sine, mmpp, ramp, mmpp-diurnal, mmpp-holdout, mooncake"
     )
+
+
+def row_trace(name: str, args: argparse.Namespace) -> tuple[Trace, FleetSpec]:
+    """One workload as the scripts' ``--duration-s``, ``--sine-period-s`` and ``--ramp-s`` say (bench_policies.py,
+    bench_misses.py): a ``--duration-s`` run replays the first seconds of the full run's trace."""
+    return workload(name, args.duration_s, args.sine_period_s, args.ramp_s, prefix=True)
 
 
 def _parse_params(text: str) -> dict[str, Any]:
@@ -559,7 +582,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="code,conv,sine,mmpp")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--duration-s", type=float, default=None, help="replay only the first DURATION_S s")
+    ap.add_argument(
+        "--duration-s",
+        type=float,
+        default=None,
+        help="replay only the first DURATION_S s (of the very trace a full run replays: see workload())",
+    )
     ap.add_argument("--sine-period-s", type=float, default=600.0)
     ap.add_argument("--ramp-s", type=float, default=1200.0, help="the ramp workload's rise, seconds")
     ap.add_argument("--forecaster", choices=("holt", "default"), default="holt")
@@ -642,7 +670,7 @@ def main() -> None:
         "|---|---|---|---|---|" + "---|---|" * (args.time_split is not None) + "---|---|---|---|---|---|---|"
     )
     for wl in args.workloads.split(","):
-        trace, fleet = workload(wl, args.duration_s, args.sine_period_s, args.ramp_s)
+        trace, fleet = row_trace(wl, args)
         split_s = 0.0 if args.time_split is None else args.time_split * float(trace.arrival_s[-1])
         results: dict[tuple[str, str], ReplayReport] = {}
         runs = [

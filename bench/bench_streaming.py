@@ -8,6 +8,7 @@ Usage::
     .venv/bin/python bench/bench_streaming.py --level-halflife-s 60 --no-train   # a level-relative (v3) model
     .venv/bin/python bench/bench_streaming.py --no-train --combination   # also the online combination
     .venv/bin/python bench/bench_streaming.py --no-train --numpy   # also the torch-free step the controller runs
+    .venv/bin/python bench/bench_streaming.py --numpy-only --nodes 8 1000 10000   # only that, shipped checkpoint
 
 A tick is ``LearnedForecaster.step``: encode raw channels, one LSTM step + attention over the ring per node,
 decode to totals — batched across all nodes. The naive way re-runs the network's full forward over the last
@@ -21,13 +22,17 @@ level-relative model (feature schema v3, ``level_of="arrivals"``, as ``train-for
 (``forecaster.combination.CombinedForecaster``) on the same inputs, right after the raw one: the
 "combined" line is the whole tick (network + combination), beside the raw network's. ``--numpy`` also steps
 the same weights through ``forecaster.inference.NumpyLearnedForecaster`` (float32, what the controller runs,
-no torch) on the same inputs, right after the torch one: the "numpy" line.
+no torch) on the same inputs, right after the torch one: the "numpy" line. ``--numpy-only`` times just that
+step, on the weights, normaliser and schema of ``--checkpoint`` (the shipped default checkpoint unless given),
+the whole tick the controller pays (encoding, network, decoding): CPU median and p99 per tick. It uses only
+the forecaster's public API, so the same file times another tree with ``PYTHONPATH=TREE``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -55,6 +60,9 @@ from forecaster.streaming import LearnedForecaster
 from forecaster.types import CHANNELS
 
 T0_S = 1.7e9
+DEFAULT_CHECKPOINT = (
+    Path(__file__).resolve().parents[1] / "forecaster" / "checkpoints" / "default.safetensors"
+)
 
 
 def _stats(wall_s: list[float], cpu_s: list[float]) -> dict[str, float]:
@@ -63,6 +71,7 @@ def _stats(wall_s: list[float], cpu_s: list[float]) -> dict[str, float]:
         "median_ms": float(np.median(a)),
         "p10_ms": float(np.percentile(a, 10)),
         "cpu_median_ms": float(np.median(c)),
+        "cpu_p99_ms": float(np.percentile(c, 99)),
         "n": float(len(a)),
     }
 
@@ -151,6 +160,57 @@ def bench_ticks(
     return out
 
 
+def bench_numpy_ticks(n: int, ticks: int, checkpoint: Path, seed: int = 0) -> dict[str, Any]:
+    """``NumpyLearnedForecaster.step`` alone (what the controller runs) on ``checkpoint``, ``n`` nodes: the
+    same random raw channels as :func:`bench_ticks` (5 % masked), after ``window + 5`` warm-up ticks."""
+    f = NumpyLearnedForecaster.load(checkpoint)
+    f.reset([f"node-{i}" for i in range(n)])
+    rng = np.random.default_rng(seed)
+    warm = f.net_config.window + 5
+    wall: list[float] = []
+    cpu: list[float] = []
+    for t in range(warm + ticks):
+        x = rng.gamma(2.0, 5.0, size=(n, len(CHANNELS)))
+        mask = rng.random(x.shape) > 0.05
+        t0, c0 = time.perf_counter(), time.thread_time()
+        f.step(x, mask, T0_S + t)
+        if t >= warm:
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+    return {"nodes": n, "checkpoint": str(checkpoint), "numpy": _stats(wall, cpu)}
+
+
+def bench_numpy_against(n: int, ticks: int, checkpoint: Path, other: Path, seed: int = 0) -> dict[str, Any]:
+    """This tree's ``NumpyLearnedForecaster`` and another tree's (its ``forecaster/inference.py`` loaded from
+    ``other``, the rest of ``forecaster`` shared), stepped alternately tick by tick on the same inputs: on a
+    loaded machine both see the same contention, so their ratio is steadier than two separate runs'."""
+    spec = importlib.util.spec_from_file_location("other_inference", other / "forecaster" / "inference.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--against {other}: no forecaster/inference.py there")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    engines = {
+        "this": NumpyLearnedForecaster.load(checkpoint),
+        "other": mod.NumpyLearnedForecaster.load(checkpoint),
+    }
+    for f in engines.values():
+        f.reset([f"node-{i}" for i in range(n)])
+    rng = np.random.default_rng(seed)
+    warm = engines["this"].net_config.window + 5
+    wall: dict[str, list[float]] = {k: [] for k in engines}
+    cpu: dict[str, list[float]] = {k: [] for k in engines}
+    for t in range(warm + ticks):
+        x = rng.gamma(2.0, 5.0, size=(n, len(CHANNELS)))
+        mask = rng.random(x.shape) > 0.05
+        for name, f in engines.items():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            f.step(x, mask, T0_S + t)
+            if t >= warm:
+                wall[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.thread_time() - c0)
+    return {"nodes": n, "other": str(other), **{k: _stats(wall[k], cpu[k]) for k in engines}}
+
+
 def bench_encode(n: int, reps: int, schema: FeatureSchema, seed: int = 0) -> dict[str, Any]:
     """The per-tick encoding of ``LearnedForecaster.step``, one pass (this tree) against two (until session 5).
 
@@ -232,6 +292,18 @@ def main() -> None:
         action="store_true",
         help="also step the same weights without torch (forecaster/inference.py, what the controller runs)",
     )
+    p.add_argument(
+        "--numpy-only",
+        action="store_true",
+        help="time only the torch-free step on --checkpoint (no torch, no naive re-run, encoding or training)",
+    )
+    p.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="with --numpy-only: also step another tree's numpy forecaster, alternating tick by tick",
+    )
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the model --numpy-only steps")
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument(
         "--level-halflife-s",
@@ -248,6 +320,9 @@ def main() -> None:
             level_halflife_s=a.level_halflife_s,
             level_of="arrivals",
         )
+    if a.numpy_only:
+        numpy_only(a.nodes, a.ticks, a.checkpoint, a.json, a.against)
+        return
     torch.set_num_threads(a.threads)
     results: dict[str, Any] = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
@@ -277,7 +352,7 @@ def main() -> None:
             nn = r["numpy"]
             print(
                 f"{n:>6} nodes: numpy (no torch) wall median {nn['median_ms']:7.2f} ms (p10 {nn['p10_ms']:7.2f}, "
-                f"cpu {nn['cpu_median_ms']:7.2f}) | torch cpu {s['cpu_median_ms']:7.2f} | numpy / torch cpu "
+                f"cpu {nn['cpu_median_ms']:7.2f}, cpu p99 {nn['cpu_p99_ms']:7.2f}) | torch cpu {s['cpu_median_ms']:7.2f} | numpy / torch cpu "
                 f"{nn['cpu_median_ms'] / s['cpu_median_ms']:.2f}"
             )
         if "combined" in r:
@@ -311,6 +386,35 @@ def main() -> None:
     if a.json is not None:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(results, indent=2))
+
+
+def numpy_only(
+    nodes: list[int], ticks: int, checkpoint: Path, json_path: Path | None, against: Path | None
+) -> None:
+    results: dict[str, Any] = {"loadavg_before": os.getloadavg(), "ticks": []}
+    for n in nodes:
+        k = ticks if n <= 2000 else max(ticks // 4, 10)
+        if against is None:
+            r = bench_numpy_ticks(n, k, checkpoint)
+            lines = {"numpy tick": r["numpy"]}
+        else:
+            r = bench_numpy_against(n, k, checkpoint, against)
+            lines = {"numpy tick, this tree": r["this"], f"numpy tick, {against}": r["other"]}
+        results["ticks"].append(r)
+        for label, s in lines.items():
+            print(
+                f"{n:>6} nodes: {label}: cpu median {s['cpu_median_ms']:8.2f} ms, p99 {s['cpu_p99_ms']:8.2f} | "
+                f"wall median {s['median_ms']:8.2f} (p10 {s['p10_ms']:8.2f}) | {int(s['n'])} ticks, {checkpoint.name}"
+            )
+        if against is not None:
+            print(
+                f"{n:>6} nodes: cpu medians, other / this: {r['other']['cpu_median_ms'] / r['this']['cpu_median_ms']:.2f}"
+            )
+    results["loadavg_after"] = os.getloadavg()
+    print(f"load average before {results['loadavg_before']}, after {results['loadavg_after']}")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,13 @@ Usage: OMP_NUM_THREADS=1 nice .venv/bin/python bench/bench_unseen.py [--out /tmp
 
 ``--gateway-queue off,on`` runs every replay entry (``replay:speed``, ``replay:POLICY``) both ways, side by
 side (``pdscale replay --gateway-queue``; the entry name ends in ``gw on`` / ``gw off``).
+
+``--params k=v,...`` (PolicyConfig overrides, as bench_policies.py's) runs the ``replay:predictive`` entry with
+them, to try a candidate default on the variants: ``pdscale replay`` has no option for them, so the entry
+replays a one-pool fleet file (``pdscale replay --fleet``, written beside the JSON) with the default pool's
+bounds, SLOs and GPU budget and ``policy:`` the overrides, which replays as ``--policy predictive`` does (the
+entry name ends in ``+params``). The other entries ignore them; with ``--gateway-queue on`` it is refused
+(``--fleet`` has no gateway queue).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -140,7 +148,31 @@ def _summary_replay(doc: dict[str, Any]) -> str:
     )
 
 
-def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, ...] = ("off",)) -> list[Run]:
+def params_fleet(v: Variant, params: Mapping[str, Any], out: Path) -> Path:
+    """A one-pool fleet file at ``out`` replaying ``v`` as ``pdscale replay --trace`` does (pool ``default``,
+    the default profile, bounds and GPU budget, the Mooncake SLO for Mooncake) with ``params`` as the policy's
+    overrides (validated by the policy when the replay loads it)."""
+    from serving.sim.fleet import single_pool
+
+    default = single_pool()
+    pool: dict[str, Any] = {
+        "name": default.pools[0].name,
+        "trace": str(v.path.resolve()),
+        "policy": dict(params),
+    }
+    if v.fmt == "mooncake":
+        pool["slo_ttft_ms"] = float(MOONCAKE_SLO[1])
+    out.write_text(json.dumps({"gpu_budget": default.gpu_budget, "pools": [pool]}, indent=1) + "\n")
+    return out
+
+
+def run_variant(
+    v: Variant,
+    work: Path,
+    entries: set[str],
+    gateways: tuple[str, ...] = ("off",),
+    params: Mapping[str, Any] | None = None,
+) -> list[Run]:
     runs: list[Run] = []
     slo = MOONCAKE_SLO if v.fmt == "mooncake" else []
     timeout = 3 * TIMEOUT_S if v.long else TIMEOUT_S
@@ -200,6 +232,12 @@ def run_variant(v: Variant, work: Path, entries: set[str], gateways: tuple[str, 
                 "--json",
                 str(out),
             ]
+            if policy == "predictive" and params and v.expect != "error":
+                fleet = params_fleet(v, params, work / f"{v.name}.replay.{policy}.fleet.json")
+                cmd = [str(BIN / "pdscale"), "replay", "--fleet", str(fleet), "--policy", policy, "--json",
+                       str(out)]  # fmt: skip
+                record(f"replay {policy}{suffix} +params", cmd + gw_args, check_replay)
+                continue
             record(f"replay {policy}{suffix}", cmd + slo + gw_args, check_replay)
             if v.expect == "error":
                 break
@@ -601,6 +639,21 @@ def predictive_vs_reactive(work: Path, variants: list[Variant]) -> list[str]:
     return lines
 
 
+def _policy_params(text: str) -> dict[str, Any]:
+    """``--params`` as bench_policies.py parses it, checked against PolicyConfig now (not once per variant)."""
+    if not text:
+        return {}
+    from bench.bench_policies import _parse_params
+    from controller.config import PolicyConfig
+
+    params = _parse_params(text)
+    try:
+        PolicyConfig(**params)
+    except ValueError as exc:  # pydantic's ValidationError names the field
+        raise SystemExit(f"--params {text!r}: {exc}") from None
+    return params
+
+
 def main() -> None:
     global TIMEOUT_S, EVALUATE_TAKES_TRACE_OPTION
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -622,6 +675,11 @@ def main() -> None:
         "--gateway-queue",
         default="off",
         help="replay entries with pdscale replay --gateway-queue: off, on, or off,on (both, side by side)",
+    )
+    ap.add_argument(
+        "--params",
+        default="",
+        help="PolicyConfig overrides k=v,k=v for the replay:predictive entry (a one-pool fleet file; see above)",
     )
     ap.add_argument(
         "--summarize-evaluate",
@@ -667,6 +725,9 @@ def main() -> None:
     gateways = tuple(args.gateway_queue.split(","))
     if not gateways or any(g not in ("off", "on") for g in gateways):
         ap.error(f"--gateway-queue: expected off, on or off,on, got {args.gateway_queue!r}")
+    params = _policy_params(args.params)
+    if params and "on" in gateways:
+        ap.error("--params with --gateway-queue on: pdscale replay --fleet has no gateway queue")
     EVALUATE_TAKES_TRACE_OPTION = _evaluate_takes_trace_option()
     if not EVALUATE_TAKES_TRACE_OPTION:
         print(
@@ -690,7 +751,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs: list[Run] = []
     for v in variants:
-        runs.extend(run_variant(v, work, entries, gateways))
+        runs.extend(run_variant(v, work, entries, gateways, params))
         runs.extend(run_extra(v, work, entries))
     if "fit" in entries:
         small = next((v for v in variants if v.name == "azure_code_x0.25"), None)

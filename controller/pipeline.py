@@ -42,7 +42,7 @@ from controller.policy.decide import (
     slo_risk,
 )
 from controller.policy.mixed_node import node_plan
-from controller.policy.types import ROLES, RoleHistory
+from controller.policy.types import ROLES, RoleHistory, evolve
 from controller.sources.aggregate import LoadAggregator, PoolLoad
 from forecaster.types import ForecastBatch, Forecaster
 from serving.sim.fleet import PoolSpec, RoleCounts
@@ -472,7 +472,7 @@ class Pipeline:
             if plan is None:
                 notes.append("no opinion: load unknown (missing or NaN series); holding the current scale")
             else:
-                plan = replace(plan, reasons=(*notes, *plan.reasons))
+                plan = evolve(plan, reasons=(*notes, *plan.reasons))
             reasons = plan.reasons if plan is not None else tuple(notes)
             gone = tuple(sorted(vanished.get(name, ())))
             decisions[name] = PoolDecision(name, plan, obs, loads[name], forecasts[name], reasons, gone)

@@ -186,9 +186,12 @@ class StreamingBase:
 
 @dataclass
 class RingState:
-    """:class:`NumpyNet`'s per-node state: LSTM ``h``/``c`` ``[layers, N, H]``, the rings of attention keys
-    ``[N, heads, head_dim, window]`` (transposed for ``q @ K``) and values ``[N, heads, window, head_dim]``,
-    steps consumed per node ``[N]`` and the baseline skip's EWMA sums ``[N, 2K, J]`` (empty when off)."""
+    """:class:`NumpyNet`'s per-node state, feature-major (nodes along the last, contiguous axis: each batched
+    product is one matrix product and each element-wise stage runs over whole rows): LSTM ``h``/``c``
+    ``[layers, H, N]``, the rings of attention keys ``[heads, window, head_dim, N]`` and values ``[heads,
+    head_dim, window, N]`` (the orders in which numpy's einsum contracts them fastest), steps consumed
+    per node ``[N]``, the baseline skip's EWMA sums ``[N, 2K, J]`` (empty when off), and ``scratch``: the
+    step's preallocated work arrays (not state; :meth:`keep` leaves them)."""
 
     h: np.ndarray
     c: np.ndarray
@@ -196,11 +199,40 @@ class RingState:
     v: np.ndarray
     count: np.ndarray
     base: np.ndarray
+    scratch: _Scratch
 
     def keep(self, old: RingState, dst: np.ndarray, src: np.ndarray) -> None:
-        self.h[:, dst], self.c[:, dst] = old.h[:, src], old.c[:, src]
-        self.k[dst], self.v[dst] = old.k[src], old.v[src]
+        self.h[..., dst], self.c[..., dst] = old.h[..., src], old.c[..., src]
+        self.k[..., dst], self.v[..., dst] = old.k[..., src], old.v[..., src]
         self.count[dst], self.base[dst] = old.count[src], old.base[src]
+
+
+class _Scratch:
+    """One step's work arrays for ``n`` nodes, allocated with the state, so a tick allocates only small ones.
+
+    Each product's input ends in a row of ones: the bias is the weight matrix's last column."""
+
+    def __init__(self, net: NumpyNet, n: int) -> None:
+        cfg, dt, hd = net.config, net.dtype, net.config.hidden
+
+        def with_ones(rows: int) -> np.ndarray:
+            a = np.empty((rows + 1, n), dt)
+            a[rows] = 1.0
+            return a
+
+        self.lstm_in = [with_ones(i + hd) for i in [cfg.n_inputs] + [hd] * (cfg.layers - 1)]  # [x; h; 1]
+        self.gates = np.empty((4 * hd, n), dt)
+        self.work = (np.empty((hd, n), dt), np.empty((hd, n), dt), np.empty((hd, n), dt))
+        self.top = with_ones(hd)  # [o; 1] → q, k, v
+        self.qkv = np.empty((3 * hd, n), dt)
+        self.scores = np.empty((net.heads, cfg.window, n), dt)
+        self.score_max = np.empty((net.heads, 1, n), dt)
+        self.score_sum = np.empty((net.heads, 1, n), dt)
+        self.att = with_ones(hd)  # [attention; 1] → o_proj
+        self.trunk_in = with_ones(2 * hd)  # [o; o_proj(attention); 1] → trunk
+        self.trunk = with_ones(hd)  # [GELU(trunk); 1] → heads
+        self.positive = np.empty((hd, n), bool)
+        self.out = np.empty((cfg.n_targets * len(cfg.quantiles) + 1, n), dt)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -208,19 +240,43 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    """Exact GELU, ``x Φ(x) = x/2 · erfc(-x/√2)``, as ``torch.nn.GELU()``; erfc by the Chebyshev-fitted formula
-    of Numerical Recipes (``erfcc``; fractional error < 1.2e-7 everywhere), in ``x``'s dtype (numpy has no
-    erf, and scipy is not on the controller's path). In float32 its absolute error is torch's own (3.8e-7
-    against a float64 reference over [-12, 12]); in float64 it is 1.4e-8 there."""
-    u = x * (-1.0 / math.sqrt(2.0))
-    a = np.abs(u)
-    t = 1.0 / (1.0 + 0.5 * a)
-    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
-        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))  # fmt: skip
-    erfc_a = t * np.exp(-a * a + poly)
-    out: np.ndarray = 0.5 * x * np.where(u >= 0.0, erfc_a, 2.0 - erfc_a)
-    return out
+def _recip_1p_exp_(x: np.ndarray) -> None:
+    """``x ← 1 / (1 + exp(x))`` in place: the logistic function of ``-x`` (exp overflowing to inf gives 0:
+    call it under ``np.errstate(over="ignore")``)."""
+    np.exp(x, out=x)
+    x += 1.0
+    np.reciprocal(x, out=x)
+
+
+# erfc(a) = t · exp(-a² + P(t)), t = 1 / (1 + a/2), a >= 0: the Chebyshev-fitted formula of Numerical Recipes
+# (``erfcc``; fractional error < 1.2e-7 everywhere); P's coefficients from the highest power down.
+_ERFC_POLY = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
+              0.37409196, 1.00002368, -1.26551223)  # fmt: skip
+
+
+def _gelu(x: np.ndarray, out: np.ndarray, work: tuple[np.ndarray, ...], positive: np.ndarray) -> None:
+    """Exact GELU, ``out ← x Φ(x) = x/2 · erfc(-x/√2)``, as ``torch.nn.GELU()``, in ``x``'s dtype (numpy has no
+    erf, and scipy is not on the controller's path); ``x`` is overwritten. In float32 its absolute error is
+    torch's own (3.8e-7 against a float64 reference over [-12, 12]); in float64 it is 1.4e-8 there.
+    ``work``: two arrays like ``x``; ``positive``: a bool one."""
+    a, t = work[0], work[1]
+    np.abs(x, out=a)
+    a *= 1.0 / math.sqrt(2.0)  # |u|, u = -x/√2
+    np.multiply(a, 0.5, out=t)
+    t += 1.0
+    np.reciprocal(t, out=t)
+    out.fill(_ERFC_POLY[0])
+    for coef in _ERFC_POLY[1:]:
+        out *= t
+        out += coef
+    a *= a
+    out -= a
+    np.exp(out, out=out)
+    out *= t  # erfc(|u|)
+    out *= x
+    out *= 0.5  # x/2 · erfc(|u|): GELU where u >= 0, i.e. x <= 0
+    np.greater(x, 0.0, out=positive)
+    np.subtract(x, out, out=out, where=positive)  # x/2 · (2 - erfc(|u|)) where x > 0
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
@@ -232,7 +288,9 @@ def _softplus(x: np.ndarray) -> np.ndarray:
 class NumpyNet:
     """``LstmAttentionNet``'s streaming step in numpy, from its ``state_dict`` weights (float32 by default).
 
-    ``dtype=np.float64`` computes in double precision from the same float32 weights.
+    ``dtype=np.float64`` computes in double precision from the same float32 weights. The step is feature-major
+    (:class:`RingState`): per tick, one matrix product per LSTM layer, one for q/k/v, o_proj, the trunk and
+    the heads each, element-wise stages in place, and the attention as two contractions over the ring.
     """
 
     def __init__(
@@ -255,27 +313,35 @@ class NumpyNet:
         def w(name: str) -> np.ndarray:
             return np.asarray(weights[name], dtype=self.dtype)
 
-        # each LSTM layer as one product: [x, h] @ [W_ih; W_hh]^T + (b_ih + b_hh)
+        def affine(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:  # [out, in + 1]: bias last
+            return np.ascontiguousarray(np.concatenate([weight, bias[:, None]], axis=1))
+
+        # Each LSTM layer as one product [W_ih, W_hh, b_ih + b_hh] @ [x; h; 1], its rows reordered from PyTorch's
+        # gates (i, f, g, o) to (i, f, o, g) so the three logistic gates are one block, and that block negated
+        # (exact): 1 / (1 + exp(·)) of it is their logistic function.
+        order = np.r_[0 : 2 * hd, 3 * hd : 4 * hd, 2 * hd : 3 * hd]
+        sign = np.where(np.arange(4 * hd) < 3 * hd, -1.0, 1.0).astype(self.dtype)[:, None]
         self._lstm = [
-            (
-                np.ascontiguousarray(
-                    np.concatenate([w(f"lstm.weight_ih_l{i}"), w(f"lstm.weight_hh_l{i}")], 1).T
-                ),
+            sign
+            * affine(
+                np.concatenate([w(f"lstm.weight_ih_l{i}"), w(f"lstm.weight_hh_l{i}")], 1),
                 w(f"lstm.bias_ih_l{i}") + w(f"lstm.bias_hh_l{i}"),
-            )
+            )[order]
             for i in range(config.layers)
         ]
-        self._w_qkv = np.ascontiguousarray(
-            np.concatenate([w("q_proj.weight"), w("k_proj.weight"), w("v_proj.weight")]).T
+        # q, k and v as one product; q's rows carry the attention's 1/√head_dim
+        q_scale = self.dtype.type(1.0 / math.sqrt(self.head_dim))
+        self._qkv = affine(
+            np.concatenate([w("q_proj.weight") * q_scale, w("k_proj.weight"), w("v_proj.weight")]),
+            np.concatenate([w("q_proj.bias") * q_scale, w("k_proj.bias"), w("v_proj.bias")]),
         )
-        self._b_qkv = np.concatenate([w("q_proj.bias"), w("k_proj.bias"), w("v_proj.bias")])
-        self._w_o, self._b_o = np.ascontiguousarray(w("o_proj.weight").T), w("o_proj.bias")
-        self._w_trunk, self._b_trunk = np.ascontiguousarray(w("trunk.0.weight").T), w("trunk.0.bias")
-        # the quantile and burst heads as one product: the last column is the burst logit
-        self._w_out = np.ascontiguousarray(
-            np.concatenate([w("quantile_head.weight"), w("burst_head.weight")]).T
+        self._o = affine(w("o_proj.weight"), w("o_proj.bias"))
+        self._trunk = affine(w("trunk.0.weight"), w("trunk.0.bias"))
+        # the quantile and burst heads as one product: the last row is the burst logit
+        self._out = affine(
+            np.concatenate([w("quantile_head.weight"), w("burst_head.weight")]),
+            np.concatenate([w("quantile_head.bias"), w("burst_head.bias")]),
         )
-        self._b_out = np.concatenate([w("quantile_head.bias"), w("burst_head.bias")])
         self.n_targets, self.n_quantiles = config.n_targets, len(config.quantiles)
         self.n_baselines = len(config.baseline_halflives)
         if self.n_baselines:
@@ -289,57 +355,79 @@ class NumpyNet:
 
     def new_state(self, n: int) -> RingState:
         cfg, dt = self.config, self.dtype
+        nh, dh, w = self.heads, self.head_dim, cfg.window
         return RingState(
-            h=np.zeros((cfg.layers, n, cfg.hidden), dt),
-            c=np.zeros((cfg.layers, n, cfg.hidden), dt),
-            k=np.zeros((n, self.heads, self.head_dim, cfg.window), dt),
-            v=np.zeros((n, self.heads, cfg.window, self.head_dim), dt),
+            h=np.zeros((cfg.layers, cfg.hidden, n), dt),
+            c=np.zeros((cfg.layers, cfg.hidden, n), dt),
+            k=np.zeros((nh, w, dh, n), dt),
+            v=np.zeros((nh, dh, w, n), dt),
             count=np.zeros(n, np.int64),
             base=np.zeros((n, 2 * cfg.n_targets if self.n_baselines else 0, self.n_baselines), dt),
+            scratch=_Scratch(self, n),
         )
 
     def step(self, state: RingState, z: np.ndarray, tick: int) -> tuple[np.ndarray, np.ndarray]:
         """One step for every node: encoded inputs ``z [N, n_inputs]``, written to ring slot ``tick % window``
         (``state`` is updated in place) → normalised quantiles ``[N, K, Q]`` and burst logits ``[N]``."""
-        cfg, hd = self.config, self.config.hidden
-        n, w = z.shape[0], cfg.window
-        x = np.asarray(z, dtype=self.dtype)
-        for layer, (wl, bl) in enumerate(self._lstm):
-            gates = np.concatenate([x, state.h[layer]], axis=1) @ wl + bl  # [N, 4H]: i, f, g, o
-            sig = _sigmoid(gates)
-            c = sig[:, hd : 2 * hd] * state.c[layer] + sig[:, :hd] * np.tanh(gates[:, 2 * hd : 3 * hd])
-            x = sig[:, 3 * hd :] * np.tanh(c)
-            state.h[layer], state.c[layer] = x, c
-        o = x  # [N, H]
-        nh, dh = self.heads, self.head_dim
-        qkv = o @ self._w_qkv + self._b_qkv
-        q = qkv[:, :hd].reshape(n, nh, 1, dh) * self.dtype.type(1.0 / math.sqrt(dh))
-        slot = tick % w
-        state.k[:, :, :, slot] = qkv[:, hd : 2 * hd].reshape(n, nh, dh)
-        state.v[:, :, slot] = qkv[:, 2 * hd :].reshape(n, nh, dh)
-        state.count += 1
-        scores = np.matmul(q, state.k)  # [N, nh, 1, w]
-        if n and int(state.count.min()) < w:  # some node has not filled its ring yet
-            age = (slot - np.arange(w)) % w  # 0 = written now, w-1 = oldest
-            unwritten = age[None, :] >= state.count[:, None]  # [N, w]
-            scores = np.where(unwritten[:, None, None, :], -np.inf, scores)
-        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        scores /= scores.sum(axis=-1, keepdims=True)
-        att = np.matmul(scores, state.v).reshape(n, hd)
-        trunk = _gelu(
-            np.concatenate([o, att @ self._w_o + self._b_o], axis=1) @ self._w_trunk + self._b_trunk
-        )
-        out = trunk @ self._w_out + self._b_out
+        with np.errstate(over="ignore"):  # a logistic gate's exp overflowing to inf is its limit 0
+            return self._step(state, z, tick)
+
+    def _step(self, state: RingState, z: np.ndarray, tick: int) -> tuple[np.ndarray, np.ndarray]:
+        s, hd, n = state.scratch, self.config.hidden, z.shape[0]
+        s.lstm_in[0][: self.config.n_inputs] = z.T
+        for layer, weight in enumerate(self._lstm):
+            x_h = s.lstm_in[layer]
+            x_h[-1 - hd : -1] = state.h[layer]
+            np.matmul(weight, x_h, out=s.gates)  # [-i, -f, -o, g]
+            sig, g = s.gates[: 3 * hd], s.gates[3 * hd :]
+            _recip_1p_exp_(sig)  # σ(i), σ(f), σ(o)
+            np.tanh(g, out=g)
+            c = state.c[layer]
+            c *= sig[hd : 2 * hd]
+            g *= sig[:hd]
+            c += g
+            tanh_c = s.work[0]
+            np.tanh(c, out=tanh_c)
+            np.multiply(sig[2 * hd :], tanh_c, out=state.h[layer])
+            nxt = s.lstm_in[layer + 1] if layer + 1 < len(self._lstm) else s.top
+            nxt[:hd] = state.h[layer]
+        self._attend(state, tick)
+        np.matmul(self._o, s.att, out=s.trunk_in[hd : 2 * hd])
+        s.trunk_in[:hd] = s.top[:hd]
+        trunk_pre = s.work[2]
+        np.matmul(self._trunk, s.trunk_in, out=trunk_pre)
+        _gelu(trunk_pre, s.trunk[:hd], s.work, s.positive)
+        np.matmul(self._out, s.trunk, out=s.out)
         k, nq = self.n_targets, self.n_quantiles
-        raw = out[:, : k * nq].reshape(n, k, nq)
+        raw = s.out[: k * nq].reshape(k, nq, n).transpose(2, 0, 1).copy()  # [N, K, Q]
         if self.n_baselines:
-            raw = raw.copy()
             raw[..., 0] += self._baseline_offset(state, x=np.asarray(z, dtype=self.dtype))
         if nq > 1:
-            raw = np.concatenate(
-                [raw[..., :1], raw[..., :1] + np.cumsum(_softplus(raw[..., 1:]), axis=-1)], -1
-            )
-        return raw, out[:, -1]
+            raw[..., 1:] = raw[..., :1] + np.cumsum(_softplus(raw[..., 1:]), axis=-1)
+        return raw, s.out[-1].copy()
+
+    def _attend(self, state: RingState, tick: int) -> None:
+        """q, k, v of the top layer's output (in ``scratch.top``); k, v into ring slot ``tick % window``;
+        softmax attention of q over the ring → ``scratch.att[:H]`` (before ``o_proj``)."""
+        s, hd, w = state.scratch, self.config.hidden, self.config.window
+        nh, dh, n = self.heads, self.head_dim, state.count.shape[0]
+        np.matmul(self._qkv, s.top, out=s.qkv)
+        slot = tick % w
+        state.k[:, slot] = s.qkv[hd : 2 * hd].reshape(nh, dh, n)
+        state.v[:, :, slot] = s.qkv[2 * hd :].reshape(nh, dh, n)
+        state.count += 1
+        scores = s.scores
+        np.einsum("hdn,htdn->htn", s.qkv[:hd].reshape(nh, dh, n), state.k, out=scores)
+        if n and int(state.count.min()) < w:  # some node has not filled its ring yet
+            age = (slot - np.arange(w)) % w  # 0 = written now, w-1 = oldest
+            np.copyto(scores, -np.inf, where=age[:, None] >= state.count[None, :])
+        np.max(scores, axis=1, keepdims=True, out=s.score_max)
+        scores -= s.score_max
+        np.exp(scores, out=scores)
+        np.sum(scores, axis=1, keepdims=True, out=s.score_sum)
+        att = s.att[:hd].reshape(nh, dh, n)
+        np.einsum("htn,hdtn->hdn", scores, state.v, out=att)
+        att /= s.score_sum
 
     def _baseline_offset(self, state: RingState, x: np.ndarray) -> np.ndarray:
         """Advance the baseline skip's EWMA sums with this step's inputs → the offset per target ``[N, K]``

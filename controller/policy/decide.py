@@ -34,8 +34,10 @@ class PolicyContext:
 def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, PoolState]:
     """One tick's decision for one pool: a plan, or None ("no opinion") when the load is unknown.
 
-    Unknown load never scales down: the caller keeps the current scale on None.
-    """
+    Unknown load never scales down: the caller keeps the current scale on None. The state it returns then
+    has this tick folded into the memories that take unknown ticks by their own rules (the smoothing window,
+    the queue's age, the arrival calibration, whose count an unknown rate breaks); the scaling memory
+    (targets, bursts, rates) is left as it was."""
     obs, cfg, cap = ctx.obs, ctx.config, ctx.capacity
     obs, smoothed = stages.smooth_load(obs, state, cfg.load_smoothing_s)
     queue_s, smoothed = stages.queue_age(obs, smoothed)
@@ -53,7 +55,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         little_arrivals=cfg.little_arrivals,
     )
     if need is None:
-        return None, state
+        return None, smoothed
     state = smoothed
     reasons = [*need.reasons, why_calibrated] if why_calibrated else list(need.reasons)
     state = evolve(

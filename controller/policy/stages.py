@@ -18,6 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from controller.config import PolicyConfig
+from controller.policy import reserve_fast
 from controller.policy.types import LeadPeaks, PoolCapacity, PoolObservation, PoolState, RoleHistory, evolve
 
 MAX_NEED = 1e9  # instances; larger demand is clipped here (min/max clamp it far lower anyway)
@@ -960,6 +961,9 @@ def burst_reserve_kept(
     n = len(blocks)
     if n < 2 or lead_s <= 0:
         return (nan2, nan2), LeadPeaks()
+    fast = reserve_fast.kept_reserve(blocks, lead_s, quantile, headroom, peak_quantile, final, projected)
+    if fast is not None:  # the newest blocks only, from the sorted final values (same floats)
+        return fast
     m = max(math.ceil(lead_s / NEED_BLOCK_S), 1)
     lead = lead_s + 1e-9
     kept = np.frombuffer(final.rows).reshape(-1, 5) if final.rows and final.lead_s == lead_s else None
@@ -984,10 +988,13 @@ def burst_reserve_kept(
         c = 0
         peak = _lead_peaks(t, v, m, lead)  # [role, block]
     kept_rows = final.rows[len(final.rows) - 40 * c :] if c else b""
-    final_out = (
-        LeadPeaks(lead_s, _final_peaks(t, v, peak, m, lead, c, kept_rows)) if increasing else LeadPeaks()
-    )
     covered = _trend_factors(t, projected) if projected else None
+    final_out = LeadPeaks()
+    if increasing:
+        final_out = LeadPeaks(lead_s, _final_peaks(t, v, peak, m, lead, c, kept_rows))
+        final_out = reserve_fast.cache(
+            final_out, t, v, peak, _rises(peak, v, headroom, covered), headroom, projected
+        )
     return _reserve_from_peaks(v, peak, quantile, headroom, peak_quantile, covered), final_out
 
 
@@ -1080,25 +1087,13 @@ def _quantiles(rows: np.ndarray, q: float) -> list[float]:
     dispatch (~90 us a call, most of an hour-long reserve's cost): the order statistics either side of
     (n − 1) q in the sorted row and numpy's two-sided lerp; NaN for a row holding NaN. Tested against
     ``np.quantile``."""
-    if not 0.0 <= q <= 1.0:
-        raise ValueError("Quantiles must be in the range [0, 1]")
-    n = rows.shape[1]
+    lo, hi, gamma = reserve_fast.quantile_rank(rows.shape[1], q)
     ordered = np.sort(rows, axis=1)  # NaN sorts last
-    at = (n - 1) * q
-    if at >= n - 1:  # numpy takes the last element, and its gamma from index -1
-        lo = hi = n - 1
-        gamma = at + 1.0
-    else:
-        lo = math.floor(at)
-        hi = lo + 1
-        gamma = at - lo
     out = []
     for a, b, last in zip(
         ordered[:, lo].tolist(), ordered[:, hi].tolist(), ordered[:, -1].tolist(), strict=True
     ):
-        diff = b - a
-        value = b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
-        out.append(math.nan if math.isnan(last) else value)
+        out.append(math.nan if math.isnan(last) else reserve_fast.lerp(a, b, gamma))
     return out
 
 

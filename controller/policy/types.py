@@ -119,10 +119,20 @@ class RoleHistory:
 class LeadPeaks:
     """The burst reserve's lead peaks that no later need block can change (``stages.burst_reserve_kept``):
     float64 rows (block_start_s, prefill need, decode need, prefill peak, decode peak) of the oldest blocks,
-    in native byte order, for the lead ``lead_s`` they were computed with (another lead ignores them)."""
+    in native byte order, for the lead ``lead_s`` they were computed with (another lead ignores them).
+
+    Beside them, the cache ``controller.policy.reserve_fast`` reads (empty: none, the numpy path runs): the
+    ``headroom`` the rises were computed with; ``rises``, float64 rows (prefill rise, decode rise) aligned
+    with ``rows`` (NaN where the peak is not finite); ``ordered``, the rows' finite-peak (prefill rises,
+    decode rises, prefill peaks, decode peaks), each sorted; ``marks``, the (start, trend factor) marks
+    (``PoolState.projected_blocks``) on the rows' blocks that the rises were computed with."""
 
     lead_s: float = math.nan
     rows: bytes = b""
+    headroom: float = math.nan
+    rises: bytes = b""
+    ordered: tuple[tuple[float, ...], ...] = ()
+    marks: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,9 +198,10 @@ class PoolState:
     arrival_calibration: ArrivalCalibration = field(default_factory=lambda: ArrivalCalibration())
 
 
-_Evolvable = TypeVar("_Evolvable", ArrivalCalibration, PoolObservation, PoolState)
+_Evolvable = TypeVar("_Evolvable", ArrivalCalibration, PoolObservation, PoolState, ScalingPlan)
 _FIELDS: dict[type, frozenset[str]] = {
-    cls: frozenset(f.name for f in fields(cls)) for cls in (ArrivalCalibration, PoolObservation, PoolState)
+    cls: frozenset(f.name for f in fields(cls))
+    for cls in (ArrivalCalibration, PoolObservation, PoolState, ScalingPlan)
 }
 for _cls in _FIELDS:  # what evolve relies on: __init__ only stores the fields
     if hasattr(_cls, "__post_init__") or any(not f.init for f in fields(_cls)):
@@ -198,9 +209,10 @@ for _cls in _FIELDS:  # what evolve relies on: __init__ only stores the fields
 
 
 def evolve(value: _Evolvable, **changes: Any) -> _Evolvable:
-    """``dataclasses.replace(value, **changes)`` for an ``ArrivalCalibration``, a ``PoolObservation`` or a
-    ``PoolState``: an equal value (same fields, same order), without replace's per-field machinery (~1 µs
-    instead of ~9; the policy makes ~17 per pool per tick). All three are frozen, with no ``__post_init__``
+    """``dataclasses.replace(value, **changes)`` for an ``ArrivalCalibration``, a ``PoolObservation``, a
+    ``PoolState`` or a ``ScalingPlan``: an equal value (same fields, same order), without replace's per-field
+    machinery (~1 µs instead of ~9; the policy makes ~17 per pool per tick, the pipeline one more). All four
+    are frozen, with no ``__post_init__``
     and no ``init=False`` field (checked at import), so their ``__init__`` only stores the fields. An unknown field is a TypeError, as in replace."""
     cls = type(value)
     names = _FIELDS.get(cls)

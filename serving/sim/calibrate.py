@@ -32,11 +32,13 @@ from serving.pools.local import LocalInstance
 from serving.sim.cpu_tiny_fit import CalibrationError, fit_profile
 from serving.sim.cpu_tiny_measure import (
     decode_rows,
+    outside_rows,
     prefill_rows,
     probe_rows,
     read_measurements,
     read_probes,
     write_csv,
+    write_outside_csv,
     write_probe_csv,
 )
 
@@ -45,8 +47,11 @@ from serving.sim.cpu_tiny_measure import (
 STEP_SEED = 1_000_000
 PROBE_SEED = 100_000
 SHORT_PROBE_SEED = 500_000
+OUTSIDE_SEED = 700_000
 SHORT_STREAM_TOKENS = 32  # the short-stream probe design (bench_vllm_cpu.py --probe-background-tokens 32)
 CSV_NAMES = {"steps": "steps.csv", "probes": "probes.csv", "probes_short": "probes_short_streams.csv"}
+# the client's TTFT against the server's own (optional: session 8's recordings have none)
+OUTSIDE_CSV = "outside.csv"
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,9 @@ class CalibrationSpec:
     2-core box). Step times: every prefill length ``prefill_reps`` times (``--refit``'s request overhead pairs
     them), every decode context with ``decode_batches`` streams ``decode_reps`` times; probes: ``probe_rounds``
     rounds of admissions among long streams, ``short_probe_rounds`` among loops of short requests (the two
-    designs of the age-keyed admission fit), ``idle_reps`` rounds of idle gaps (wake-up; >= 1)."""
+    designs of the age-keyed admission fit), ``idle_reps`` rounds of idle gaps (wake-up; >= 1); ``outside_reps``
+    rounds of streamed requests alone and in closed loops, the client's TTFT against the server's own histogram
+    for the same requests (``cpu_tiny_measure.outside_rows``; 0 = none, as session 8's calibration)."""
 
     prefill_reps: int = 3
     decode_reps: int = 1
@@ -63,6 +70,7 @@ class CalibrationSpec:
     probe_rounds: int = 3
     short_probe_rounds: int = 3
     idle_reps: int = 1
+    outside_reps: int = 2
 
     def __post_init__(self) -> None:
         errors = [
@@ -70,6 +78,8 @@ class CalibrationSpec:
             for name in ("prefill_reps", "decode_reps", "probe_rounds", "short_probe_rounds", "idle_reps")
             if getattr(self, name) < 1
         ]
+        if self.outside_reps < 0:
+            errors.append(f"CalibrationSpec.outside_reps: must be >= 0, got {self.outside_reps}")
         if not self.decode_batches or min(self.decode_batches) < 1:
             errors.append(f"CalibrationSpec.decode_batches: must be >= 1 each, got {self.decode_batches}")
         if errors:
@@ -102,6 +112,7 @@ def calibrate(
     probes = probe_rows(server, vocab, spec.probe_rounds, PROBE_SEED, spec.idle_reps)
     short = probe_rows(server, vocab, spec.short_probe_rounds, SHORT_PROBE_SEED, 0, SHORT_STREAM_TOKENS)
     wait_idle(server.url)
+    outside = outside_rows(server.url, vocab, spec.outside_reps, OUTSIDE_SEED) if spec.outside_reps else []
     elapsed = time.monotonic() - t0
     load = f"{load0:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     paths = {k: out_dir / name for k, name in CSV_NAMES.items()}
@@ -113,13 +124,22 @@ def calibrate(
     write_probe_csv(probes, paths["probes"], command, load, note)
     write_probe_csv(short, paths["probes_short"], command + " short streams", load, note)
     doc = refit_csv({k: p.read_text() for k, p in paths.items()}, base)
+    if outside:
+        write_outside_csv(outside, out_dir / OUTSIDE_CSV, command + " outside", load, note)
+        # the rows only: ``validate_against_sim`` fits the client-side term from them (``fit_client_outside``)
+        doc["outside"] = {"csv": (out_dir / OUTSIDE_CSV).read_text()}
     doc["provenance"] = {
         "spec": asdict(spec),
         "started": started.isoformat(timespec="seconds"),
         "step_times_s": round(t_steps, 1),
         "elapsed_s": round(elapsed, 1),
         "load_1min": load,
-        "rows": {"steps": len(steps), "probes": len(probes), "probes_short": len(short)},
+        "rows": {
+            "steps": len(steps),
+            "probes": len(probes),
+            "probes_short": len(short),
+            "outside": len(outside),
+        },
         "files": {k: str(p) for k, p in paths.items()},
         "fitted_on": "step times and probes on this server before the slice; never on the slice",
     }

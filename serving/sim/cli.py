@@ -280,6 +280,10 @@ def _print_side_by_side(doc: dict[str, Any]) -> None:
             f"load {calibration['provenance']['load_1min']}): {calibration['profile']['coefficients']}, "
             f"{calibration['profile']['overheads']}"
         )
+    if doc.get("client_outside_fit"):
+        _console.print(
+            f"client TTFT outside vLLM's own, fitted from the calibration: {doc['client_outside_fit']}"
+        )
 
 
 @sim_app.command("validate")

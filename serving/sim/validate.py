@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -412,12 +412,60 @@ def check_same_slice(real_doc: dict[str, Any], trace_slice: Trace, where: str = 
             )
 
 
+@dataclass(frozen=True)
+class ClientOutside:
+    """The client's TTFT beyond the simulator's (session 9): what a real client times outside vLLM's own TTFT
+    (HTTP, rendering and tokenising before its stamp, the first chunk's detokenising and flush), less what the
+    profile already places outside the stamp. Per request: ``const_ms + per_prompt_token_ms * prompt tokens +
+    per_inflight_ms * (other requests in flight in the simulator when it arrives)``, plus, with ``residuals_ms``,
+    one of them drawn per request (seeded by ``seed``): the lone rows' spread about the fit, so the term's
+    distribution is the measured one, not its mean. Fitted by ``cpu_tiny_fit.fit_client_outside`` from
+    ``--calibrate``'s outside rows; moves the client's TTFT only (the exported histograms, ITL and the replay
+    itself are untouched)."""
+
+    const_ms: float = 0.0
+    per_prompt_token_ms: float = 0.0
+    per_inflight_ms: float = 0.0
+    residuals_ms: tuple[float, ...] = ()
+    seed: int = 0
+
+    def added_ms(self, prompt_tokens: np.ndarray, inflight: np.ndarray) -> np.ndarray:
+        out = self.const_ms + self.per_prompt_token_ms * prompt_tokens + self.per_inflight_ms * inflight
+        if self.residuals_ms:
+            rng = np.random.default_rng(self.seed)
+            out = out + rng.choice(
+                np.asarray(self.residuals_ms, dtype=np.float64), size=np.shape(prompt_tokens)
+            )
+        return np.asarray(out, dtype=np.float64)
+
+
+def client_ttft_with_outside(
+    trace_slice: Trace, arrival_s: np.ndarray, ttft_ms: np.ndarray, itl_ms: np.ndarray, term: ClientOutside
+) -> np.ndarray:
+    """The simulator's per-request client TTFT plus ``term``: in-flight counts from the simulated timeline (a
+    request is in flight from its arrival to its last token, ``ttft + itl * (tokens - 1)``); unfinished requests
+    (NaN TTFT) stay NaN."""
+    from serving.sim.cpu_tiny_measure import inflight_at_send
+
+    tokens = np.asarray(trace_slice.output_tokens, dtype=np.float64)
+    decode_ms = np.where(tokens > 1, np.nan_to_num(itl_ms) * (tokens - 1), 0.0)
+    done = arrival_s + (ttft_ms + decode_ms) / 1e3
+    inflight = inflight_at_send(arrival_s, np.where(np.isfinite(done), done, np.inf))
+    prompt = np.asarray(trace_slice.prompt_tokens, dtype=np.float64)
+    return np.asarray(ttft_ms + term.added_ms(prompt, inflight), dtype=np.float64)
+
+
 def simulate_slice(
-    trace_slice: Trace, *, max_num_seqs: int = 16, latency_json: Path | None = None
+    trace_slice: Trace,
+    *,
+    max_num_seqs: int = 16,
+    latency_json: Path | None = None,
+    client_outside: ClientOutside | None = None,
 ) -> dict[str, Any]:
     """Replay ``trace_slice`` in the simulator on one mixed ``cpu-tiny`` instance with ``max_num_seqs``;
     the latency model from ``latency_json`` (``profiles/cpu_tiny.json``'s shape; default that file).
-    Returns the ``ReplayReport.to_json()`` document."""
+    Returns the ``ReplayReport.to_json()`` document; with ``client_outside`` its client TTFT (``ttft_ms``,
+    ``request_ttft_ms``) holds that term (``client_ttft_with_outside``) and ``ttft_ms_in_sim`` the replay's own."""
     from serving.sim.fleet import single_pool
     from serving.sim.hardware import get_profile
     from serving.sim.latency import CPU_TINY_JSON, load_linear_profile
@@ -433,7 +481,16 @@ def simulate_slice(
         models=lambda _name: (profile, model),
     )
     doc = dict(report.to_json())
-    doc["request_ttft_ms"] = [round(float(x), 3) for x in report.request_ttft_ms]  # slice order
+    ttft = np.asarray(report.request_ttft_ms, dtype=np.float64)
+    if client_outside is not None:
+        from serving.sim.report import percentiles
+
+        ttft = client_ttft_with_outside(
+            trace_slice, np.asarray(report.arrival_s), ttft, np.asarray(report.request_itl_ms), client_outside
+        )
+        doc["ttft_ms_in_sim"], doc["ttft_ms"] = doc["ttft_ms"], percentiles(ttft)
+        doc["client_outside"] = asdict(client_outside)
+    doc["request_ttft_ms"] = [round(float(x), 3) for x in ttft]  # slice order
     if policy.view is not None:
         # the simulator's exported histograms once the slice has drained (they start at zero: no warm-up)
         final = policy.view.scrape()
@@ -476,6 +533,53 @@ def compare(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
 
 
 CALIBRATED = "calibrated"  # the key of the profile fitted on the validation's own server (``--calibrate``)
+# the calibrated profile with the client-side term fitted from the same calibration's outside rows (session 9),
+# and the same with the s8w overhead share fitted from them too (the term then holds the rest)
+CALIBRATED_OUTSIDE = "calibrated+outside"
+CALIBRATED_OUTSIDE_SHARE = "calibrated+outside+share"
+# the term with the lone rows' residuals drawn per request (the measured spread, not only its typical value)
+CALIBRATED_OUTSIDE_SAMPLED = "calibrated+outside-sampled"
+# the term fitted by least squares (the rows' mean outside, tail included) instead of least absolute deviations
+CALIBRATED_OUTSIDE_MEAN = "calibrated+outside-mean"
+
+
+def outside_variants(calibration: dict[str, Any]) -> dict[str, Any] | None:
+    """From a recorded calibration with outside rows (``calibration["outside"]["csv"]``): the fit
+    (``cpu_tiny_fit.fit_client_outside``, least absolute deviations; the least-squares one as ``mean_fit``), the
+    overhead share it implies at the lone rows' mean prompt, and per variant key the profile (the calibrated one;
+    with the share set for ``CALIBRATED_OUTSIDE_SHARE``) and its ``ClientOutside``. None when the recording has no outside rows (session 8's)."""
+    import tempfile
+
+    from serving.sim.cpu_tiny_fit import OUTSIDE_TERMS, fit_client_outside, overhead_outside_share
+    from serving.sim.cpu_tiny_measure import read_outside
+
+    text = (calibration.get("outside") or {}).get("csv")
+    if not isinstance(text, str):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "outside.csv"
+        path.write_text(text)
+        rows = read_outside(path)
+    fit = fit_client_outside(rows)
+    mean_fit = fit_client_outside(rows, loss="mean")
+    profile = calibration["profile"]
+    overhead = float((profile.get("overheads") or {}).get("request_overhead_ms", 0.0))
+    lone_prompt = float(np.mean(rows["prompt_tokens_mean"][rows["kind"] == "lone"]))
+    share = overhead_outside_share(fit, overhead, lone_prompt)
+    term = ClientOutside(fit["const_ms"], fit["per_prompt_token_ms"], fit["per_inflight_ms"])
+    shared = dict(profile) | {"overheads": dict(profile.get("overheads") or {})}
+    shared["overheads"]["request_overhead_outside_fraction"] = share
+    return {
+        "fit": fit | {"request_overhead_outside_fraction": share, "mean_fit": mean_fit},
+        CALIBRATED_OUTSIDE: (profile, term),
+        # the share's part of the overhead already lies outside the sim's stamp: the term adds the rest
+        CALIBRATED_OUTSIDE_SHARE: (
+            shared,
+            ClientOutside(**(asdict(term) | {"const_ms": term.const_ms - share * overhead})),
+        ),
+        CALIBRATED_OUTSIDE_SAMPLED: (profile, replace(term, residuals_ms=tuple(fit["lone_residuals_ms"]))),
+        CALIBRATED_OUTSIDE_MEAN: (profile, ClientOutside(*(mean_fit[k] for k in OUTSIDE_TERMS))),
+    }
 
 
 def validate_against_sim(
@@ -543,9 +647,18 @@ def validate_against_sim(
     server_comparisons: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         fitted = (real.get("calibration") or {}).get("profile")
+        terms: dict[str, ClientOutside] = {}
+        outside_fit = None
         if isinstance(fitted, dict):
             profiles[CALIBRATED] = Path(tmp) / "cpu_tiny_calibrated.json"
             profiles[CALIBRATED].write_text(json.dumps(fitted))
+            variants = outside_variants(real["calibration"])
+            if variants is not None:
+                outside_fit = variants.pop("fit")
+                for key, (prof, term) in variants.items():
+                    profiles[key] = Path(tmp) / f"cpu_tiny_{key.replace('+', '_')}.json"
+                    profiles[key].write_text(json.dumps(prof))
+                    terms[key] = term
         if overheads:  # every profile's overheads with these set (e.g. the outside shares), as a variant
             for i, key in enumerate(list(profiles)):
                 doc = json.loads(profiles[key].read_text())
@@ -553,7 +666,9 @@ def validate_against_sim(
                 profiles[key] = Path(tmp) / f"cpu_tiny_variant_{i}.json"
                 profiles[key].write_text(json.dumps(doc))
         for key, path in profiles.items():
-            sims[key] = simulate_slice(trace_slice, max_num_seqs=max_num_seqs, latency_json=path)
+            sims[key] = simulate_slice(
+                trace_slice, max_num_seqs=max_num_seqs, latency_json=path, client_outside=terms.get(key)
+            )
             comparisons[key] = compare(real["real"], sims[key])
             server_comparisons[key] = server_view.compare_server(
                 server_view.histograms_from_json(real.get("server_histograms")),
@@ -566,6 +681,7 @@ def validate_against_sim(
         "compare": comparisons,
         "compare_server": server_comparisons,
         "server_view_recorded": isinstance(real.get("server_histograms"), dict),
+        "client_outside_fit": outside_fit,
         "within_goal": {
             key: {"client": within_goal(comparisons[key]), "server": within_goal(server_comparisons[key])}
             for key in profiles

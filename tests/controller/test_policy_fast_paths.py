@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 
 from controller.config import PolicyConfig
 from controller.policy import stages
-from controller.policy.types import ArrivalCalibration, PoolObservation, PoolState, RoleHistory, evolve
+from controller.policy.types import (
+    ArrivalCalibration,
+    PoolObservation,
+    PoolState,
+    RoleHistory,
+    ScalingPlan,
+    evolve,
+)
 
 FLOATS = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
 ODD = st.sampled_from([math.nan, math.inf, -math.inf, -1.0])
@@ -288,7 +295,7 @@ def test_the_rate_history_update_is_idempotent(
 @given(
     st.one_of(FLOATS, ODD),
     st.lists(st.tuples(TIMES, FLOATS), max_size=5),
-    st.sampled_from(["smoothed", "state", "calibration"]),
+    st.sampled_from(["smoothed", "state", "calibration", "plan"]),
 )
 def test_evolve_is_dataclasses_replace(rate: float, rows: list[tuple[float, float]], which: str) -> None:
     """The policy's fast replace gives the value ``dataclasses.replace`` gives (equal, same repr, fields in
@@ -300,9 +307,10 @@ def test_evolve_is_dataclasses_replace(rate: float, rows: list[tuple[float, floa
     )  # fmt: skip
     state = PoolState(rate_history=((0.0, 1.0),))
     cal = ArrivalCalibration(counted=3.0, pending=((1.0, 2.0, 3.0, 4.0),))
-    before = repr(obs), repr(state), repr(cal)
-    fast: PoolObservation | PoolState | ArrivalCalibration
-    slow: PoolObservation | PoolState | ArrivalCalibration
+    plan = ScalingPlan("p", 1, 2, 0, 1, reasons=("why",))
+    before = repr(obs), repr(state), repr(cal), repr(plan)
+    fast: PoolObservation | PoolState | ArrivalCalibration | ScalingPlan
+    slow: PoolObservation | PoolState | ArrivalCalibration | ScalingPlan
     if which == "smoothed":
         c: dict[str, object] = {"arrival_rps": rate, "forecast": None, "complete": False}
         fast, slow = evolve(obs, **c), dataclasses.replace(obs, **c)  # type: ignore[arg-type]
@@ -313,6 +321,11 @@ def test_evolve_is_dataclasses_replace(rate: float, rows: list[tuple[float, floa
         fast, slow = evolve(cal, **c), dataclasses.replace(cal, **c)  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             evolve(cal, no_such_field=1)
+    elif which == "plan":  # the pipeline's notes before the policy's reasons
+        c = {"reasons": (f"note {rate}", *plan.reasons)}
+        fast, slow = evolve(plan, **c), dataclasses.replace(plan, **c)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            evolve(plan, no_such_field=1)
     else:
         c = {"rate_history": tuple(rows), "alert_until_s": rate}
         fast, slow = evolve(state, **c), dataclasses.replace(state, **c)  # type: ignore[arg-type]
@@ -322,4 +335,4 @@ def test_evolve_is_dataclasses_replace(rate: float, rows: list[tuple[float, floa
     assert fast == slow  # the same field objects: NaN included
     assert list(vars(fast)) == list(vars(slow))
     assert repr(fast) == repr(slow)
-    assert (repr(obs), repr(state), repr(cal)) == before
+    assert (repr(obs), repr(state), repr(cal), repr(plan)) == before

@@ -1,4 +1,5 @@
-"""The burst reserve's kept lead peaks (``PoolState.need_peaks``, ``stages.burst_reserve_kept``): a pool that
+"""The burst reserve's kept lead peaks (``PoolState.need_peaks``, ``stages.burst_reserve_kept``, with the sorted
+cache of ``controller.policy.reserve_fast``): a pool that
 carries them through its ticks gets, on every tick, the reserve its blocks give by the definition (every
 block pair looked at again, ``_reference_reserve``) and the same state but for the kept peaks as a pool that
 recomputes everything each tick, through gaps in the data, time going back, idle pauses (``idle_release_s``,
@@ -36,7 +37,8 @@ def _rows(peaks: LeadPeaks) -> list[tuple[float, ...]]:
     return [tuple(r) for r in np.frombuffer(peaks.rows).reshape(-1, 5).tolist()]
 
 
-Event = tuple[float, float, str]  # (seconds since the last tick, rps, what happens before the tick)
+# (seconds since the last tick, rps, what happens before the tick, the trend factor: NaN = none)
+Event = tuple[float, float, str, float]
 
 
 @st.composite
@@ -54,7 +56,9 @@ def runs(draw: st.DrawFn) -> list[Event]:
     rps = np.where(quiet, 0.0, rps)
     rps = np.where(rng.random(n) < 0.02, math.nan, rps)
     what = rng.choice(["tick"] * 400 + ["restart", "forget", "lead"], size=n)
-    return list(zip(steps.tolist(), rps.tolist(), what.tolist(), strict=True))
+    # the trend stage's factor this tick (NaN: no ramp projected), in stretches, as ramps come and go
+    trend = np.repeat(rng.choice([math.nan, math.nan, 1.5, 2.25, math.inf], size=n // 10 + 1), 10)[:n]
+    return list(zip(steps.tolist(), rps.tolist(), what.tolist(), trend.tolist(), strict=True))
 
 
 @settings(max_examples=100, deadline=None)
@@ -65,12 +69,20 @@ def runs(draw: st.DrawFn) -> list[Event]:
     st.sampled_from([0.5, 0.9, 1.0]),
     st.sampled_from([None, 0.99]),
     st.sampled_from([20.0, 60.0]),
+    st.sampled_from(["kept", "left_out", "beyond_trend"]),
 )
 def test_kept_peaks_give_the_reserve_by_its_definition(
-    events: list[Event], lead_s: float, window_s: float, q: float, pq: float | None, release_s: float
+    events: list[Event],
+    lead_s: float,
+    window_s: float,
+    q: float,
+    pq: float | None,
+    release_s: float,
+    projected: str,
 ) -> None:
     cfg = PolicyConfig(
         burst_reserve="active",
+        burst_reserve_projected=projected,  # type: ignore[arg-type]
         provision_lead_s=lead_s,
         burst_window_s=window_s,
         burst_quantile=q,
@@ -80,7 +92,8 @@ def test_kept_peaks_give_the_reserve_by_its_definition(
     counts = PoolCounts({"prefill": 1, "decode": 1}, {"prefill": 1, "decode": 1}, {}, {})
     kept = plain = recovered_state(counts, 1_000.0)
     t = 1_000.0
-    for step, rps, what in events:
+    for step, rps, what, factor in events:
+        trend = None if math.isnan(factor) else factor
         t += step
         if what == "restart":  # a controller restarted on the pool: no history, no kept peaks
             kept = plain = recovered_state(counts, t)
@@ -88,13 +101,16 @@ def test_kept_peaks_give_the_reserve_by_its_definition(
             kept = replace(kept, need_peaks=LeadPeaks())
         elif what == "lead":  # peaks kept for another lead are not taken for this one
             kept = replace(kept, need_peaks=LeadPeaks(lead_s + BLOCK, kept.need_peaks.rows))
-        a = stages.burst_reserve_stage(1, 1, _load(t, rps), CAP, cfg, kept)
-        b = stages.burst_reserve_stage(1, 1, _load(t, rps), CAP, cfg, replace(plain, need_peaks=LeadPeaks()))
+        a = stages.burst_reserve_stage(1, 1, _load(t, rps), CAP, cfg, kept, trend)
+        b = stages.burst_reserve_stage(
+            1, 1, _load(t, rps), CAP, cfg, replace(plain, need_peaks=LeadPeaks()), trend
+        )
         kept, plain = a[3], b[3]
         assert (a[0], a[1], a[2], a[4]) == (b[0], b[1], b[2], b[4])
         assert replace(kept, need_peaks=LeadPeaks()) == replace(plain, need_peaks=LeadPeaks())
         got = (*kept.reserve[0], *kept.reserve[1])
-        if len(kept.need_blocks) >= 2 and kept.need_blocks[-1][3] == 1:  # a block opened: recomputed
+        # a block opened: recomputed (the reference knows no projected marks)
+        if len(kept.need_blocks) >= 2 and kept.need_blocks[-1][3] == 1 and not kept.projected_blocks:
             with np.errstate(invalid="ignore"):
                 want = _reference_reserve(kept.need_blocks, lead_s, q, cfg.headroom, pq)
             assert all(_same(x, y) for x, y in zip(got, want, strict=True)), (got, want)

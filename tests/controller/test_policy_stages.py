@@ -10,7 +10,7 @@ from policy_fixtures import CAP, NAN, ctx, forecast, obs
 
 from controller.config import PolicyConfig
 from controller.policy import PoolState, allocate_budget, decide, stages
-from controller.policy.types import RoleHistory, ScalingPlan
+from controller.policy.types import ArrivalCalibration, RoleHistory, ScalingPlan, evolve
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,11 @@ def test_capacity_target(label: str, kw: dict[str, object], prefill: float, deco
 def test_unknown_load_gives_no_opinion(label: str, kw: dict[str, object]) -> None:
     assert stages.capacity_target(obs(**kw), CAP, 1.0) is None, label
     plan, state = decide(ctx(obs(**kw)), PoolState())
-    assert plan is None and state == PoolState(), label
+    # only the memories that fold unknown ticks themselves moved (decide's docstring)
+    assert (
+        plan is None
+        and evolve(state, load_recent=(), arrival_calibration=ArrivalCalibration()) == PoolState()
+    ), label
 
 
 def test_unknown_measurement_falls_back_to_forecast() -> None:
@@ -205,7 +209,20 @@ def test_decide_unknown_never_scales_down() -> None:
     state = PoolState()
     o = obs(prompt_tps=NAN, gen_tps=NAN)
     plan, new_state = decide(ctx(o), state)
-    assert plan is None and new_state is state
+    assert plan is None and new_state.roles == state.roles and new_state.need_blocks == state.need_blocks
+
+
+def test_an_unknown_tick_breaks_the_calibration_count() -> None:
+    """A tick of unknown load (no opinion) between two known ones: the calibration's count is broken there
+    (its pending forecasts dropped: no comparison across the gap), as ``update_calibration`` rules, instead of
+    the next tick counting the gap's arrivals at its own rate."""
+    cfg = PolicyConfig(arrival_calibration="coverage")
+    plan, state = decide(ctx(obs(now_s=1000.0, forecast=forecast()), cfg), PoolState())
+    assert plan is not None and state.arrival_calibration.pending
+    unknown = obs(now_s=1001.0, arrival_rps=NAN, prompt_tps=NAN, gen_tps=NAN, forecast=None)
+    plan, state = decide(ctx(unknown, cfg), state)
+    assert plan is None
+    assert state.arrival_calibration.pending == () and state.arrival_calibration.last_s == 1001.0
 
 
 def test_replace_keeps_frozen_inputs() -> None:

@@ -44,9 +44,11 @@ def _trace_of(path: Path) -> Path:
 @pytest.mark.parametrize("path", RECORDINGS, ids=[p.stem for p in RECORDINGS])
 def test_every_recording_still_loads_and_compares_both_views(path: Path, tmp_path: Path) -> None:
     doc = validate_against_sim(read_trace(_trace_of(path)), work_dir=tmp_path, real_json=path)
-    # the shipped profile first; a --calibrate recording (session 8) also has its own fitted profile
-    calibrated = "calibration" in load_real(path)
-    assert len(doc["compare"]) == len(doc["compare_server"]) == 1 + calibrated
+    # the shipped profile first; a --calibrate recording (session 8) also has its own fitted profile, and one with
+    # outside rows (session 9) four variants of it with the client-side term
+    cal = load_real(path).get("calibration")
+    expected = 1 + (cal is not None) + (4 if cal is not None and "outside" in cal else 0)
+    assert len(doc["compare"]) == len(doc["compare_server"]) == expected
     client, server = next(iter(doc["compare"].values())), next(iter(doc["compare_server"].values()))
     assert set(client) == FIGURES and all(row["real"] > 0 and row["sim"] > 0 for row in client.values())
     assert set(server) >= FIGURES and all(server[f]["sim"] > 0 for f in FIGURES)

@@ -37,7 +37,8 @@ from serving.pools.local import (
 from serving.pools.tinymodel import build_tiny_model, normal_token_ids
 from serving.sim import samples as names_
 from serving.sim.calibrate import CalibrationSpec, calibrate
-from serving.sim.cpu_tiny_fit import CalibrationError
+from serving.sim.cpu_tiny_fit import CalibrationError, fit_client_outside
+from serving.sim.cpu_tiny_measure import OUTSIDE_CONCURRENCY, OUTSIDE_PROMPTS, read_outside
 from serving.sim.hardware import get_profile
 from serving.sim.latency import load_linear_profile
 from serving.sim.validate import SliceSpec, run_real, scale_slice, validate
@@ -378,7 +379,9 @@ def test_validate_with_calibration_fits_on_its_server_and_keeps_the_slice_apart(
         prompt_tokens=np.array([40, 300, 120, 500, 64, 200, 90, 256]),
         output_tokens=np.array([8, 4, 16, 8, 2, 8, 12, 6]),
     )
-    small = CalibrationSpec(prefill_reps=1, decode_batches=(1, 2), probe_rounds=1, short_probe_rounds=1)
+    small = CalibrationSpec(
+        prefill_reps=1, decode_batches=(1, 2), probe_rounds=1, short_probe_rounds=1, outside_reps=1
+    )
     doc = validate(trace, work_dir=tmp_path, spec=SliceSpec(n_requests=8, target_rps=2.0), calibration=small)
     assert doc["real"]["completed"] == 8
     e2e = doc["server_histograms"]["e2e_ms"]
@@ -389,3 +392,15 @@ def test_validate_with_calibration_fits_on_its_server_and_keeps_the_slice_apart(
     path.write_text(json.dumps(cal["profile"]))
     model = load_linear_profile(get_profile("cpu-tiny"), path)
     assert model.request_overhead_ms > 0
+    # the outside rows: each scrape pair counted its own requests, and vLLM's TTFT window lies inside the client's
+    out_path = tmp_path / "outside.csv"
+    out_path.write_text(cal["outside"]["csv"])
+    rows = read_outside(out_path)
+    assert (
+        cal["provenance"]["rows"]["outside"]
+        == rows["kind"].size
+        == len(OUTSIDE_PROMPTS) + len(OUTSIDE_CONCURRENCY)
+    )
+    assert np.all(rows["server_ttft_mean_ms"] > 0)
+    assert np.all(rows["client_ttft_mean_ms"] > rows["server_ttft_mean_ms"])
+    assert fit_client_outside(rows)["const_ms"] >= 0
