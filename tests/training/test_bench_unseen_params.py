@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import controller.replay_policies  # noqa: F401  (registers reactive, predictive, ...)
 from serving.sim.fleet import single_pool
 from serving.sim.fleet_file import load_fleet_file, replay_fleet
 from serving.sim.replay import PolicyOptions, make_policy, replay
