@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -90,8 +91,16 @@ import numpy as np
 from serving.sim.fleet import ROLES, FleetSpec, PoolSpec
 from serving.sim.instance import Instance, LatencyLike, ProfileLike, RequestTable
 from serving.sim.interference import Interference
+from serving.sim.latency import OperatorLatencyModel
 from serving.sim.report import ReplayReport, Timeline, percentiles, request_latencies_ms, slo_met
-from serving.sim.router import GatewayPolicy, GatewayQueue, Router, RouteRequest, make_router
+from serving.sim.router import (
+    GatewayPolicy,
+    GatewayQueue,
+    LeastLoadedRouter,
+    Router,
+    RouteRequest,
+    make_router,
+)
 from serving.sim.samples import (
     E2E_REQUEST_LATENCY_SECONDS,
     GENERATION_TOKENS_TOTAL,
@@ -125,6 +134,8 @@ _EV_TAIL_EXPIRE = 4
 _EV_ADMIT = 5
 
 PRIORITY_PROMOTED = -1  # a tail request: ahead of every class (PRIORITY_VIP is 0)
+
+_LOAD = operator.attrgetter("load")
 
 ModelResolver = Callable[[str], tuple[ProfileLike, LatencyLike]]
 
@@ -223,9 +234,14 @@ class _Pool:
         self.profile = profile
         self.latency = latency
         self.router: Router = make_router(spec.router)
+        # least-loaded routing is done by the simulator itself, without a RouteRequest (see Simulator._route)
+        self.least_loaded = type(self.router) is LeastLoadedRouter
         self.entry_role = "prefill" if spec.disaggregated else "mixed"
-        # the latency model's admission delay (absent, or 0 for a call: the request is queued on arrival)
+        # the latency model's admission delay (absent, or 0 for a call: the request is queued on arrival;
+        # the operator model, which has none, is not asked once per arrival)
         delay = getattr(latency, "admission_delay_ms", None)
+        if type(latency) is OperatorLatencyModel:
+            delay = None
         self.admission_delay_ms: Callable[..., float] | None = delay if callable(delay) else None
         # streams younger than this many output tokens count as young for it (0: not keyed on age)
         self.admission_young_tokens = float(getattr(latency, "admission_young_tokens", 0.0) or 0.0)
@@ -471,10 +487,15 @@ class Simulator:
             pool.pending[role].append(rid)
             return
         if len(ready) > 1:
-            req = self.req
-            # positional: a frozen dataclass's keyword construction costs twice as much, once per routing
-            request = RouteRequest(req.prompt[rid], req.predicted[rid], req.priority[rid], role)
-            inst = ready[pool.router.choose(request, ready)]
+            if pool.least_loaded:
+                # LeastLoadedRouter's choice (fewest requests, ties to the lowest instance id): ``ready`` is in
+                # instance-id order (_activate), and min keeps the first of equal loads
+                inst = min(ready, key=_LOAD)
+            else:
+                req = self.req
+                # positional: a frozen dataclass's keyword construction costs twice as much, once per routing
+                request = RouteRequest(req.prompt[rid], req.predicted[rid], req.priority[rid], role)
+                inst = ready[pool.router.choose(request, ready)]
         else:
             inst = ready[0]
         routed = role != pool.entry_role or self._count_routed(pool, inst, role, rid)
@@ -704,7 +725,7 @@ class Simulator:
     def _on_tail(self, rid: int) -> None:
         """``rid`` has waited ``tail.fraction`` of its TTFT SLO: promote it if still in its entry queue."""
         req = self.req
-        if req.promoted[rid] or req.prompt_counted[rid] or not math.isnan(req.t_first_s[rid]):
+        if req.promoted[rid] or req.prompt_counted[rid] or not math.isnan(req.first_s[rid]):
             return
         pool = self.pools[req.pool_of[rid]]
         role = pool.entry_role
@@ -1103,7 +1124,8 @@ class Simulator:
 
     def unfinished(self) -> int:
         """Requests neither completed nor rejected."""
-        return int(np.count_nonzero((self.req.completions == 0) & ~self.rejected))
+        # rejected requests never complete: the requests not completed, less those
+        return self.req.completed.count(0) - int(np.count_nonzero(self.rejected))
 
     def rejected_in(self, pool: str) -> np.ndarray:
         """Bool per request of ``pool``'s trace (arrival order): rejected (no instance can hold it)."""
