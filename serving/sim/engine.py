@@ -247,6 +247,8 @@ class _Pool:
         self.admission_young_tokens = float(getattr(latency, "admission_young_tokens", 0.0) or 0.0)
         self.admission_outside = _outside(latency, "admission_outside_fraction")
         self.ready: dict[str, list[Instance]] = {r: [] for r in ROLES}
+        # every instance of each role ever provisioned (gone ones too), in creation order
+        self.members: dict[str, list[Instance]] = {r: [] for r in ROLES}
         self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
         self.gateway: dict[str, GatewayQueue] = {r: GatewayQueue() for r in ROLES}  # GatewayPolicy on only
         self.gateway_peak: dict[str, int] = {r: 0 for r in ROLES}
@@ -776,7 +778,7 @@ class Simulator:
             return  # the controller set a new target since: its counts included the promoted instance
         pool.boost[role] -= 1
         want_active, _ = self._effective_target(pool, role)
-        mine = [i for i in self.instances if i.pool_index == pool.index and i.role == role]
+        mine = pool.members[role]
         active = [i for i in mine if i.state == "active"]
         heading = len(active) + sum(1 for i in mine if i.state == "activating")
         if heading > want_active and active:
@@ -849,6 +851,7 @@ class Simulator:
             inst.sibling, sibling.sibling = sibling, inst
         inst.dest = dest
         self.instances.append(inst)
+        pool.members[role].append(inst)
         self._by_id[inst_id] = inst
         self._node_members.setdefault(node, []).append(inst)
         self._node_gpus[node] = int(pool.profile.gpus)
@@ -983,7 +986,23 @@ class Simulator:
     def _retarget(self, p: _Pool, role: str, warm: bool = False) -> None:
         """Bring the role to its target, plus the standby instances promoted for tail requests."""
         want_active, want_standby = self._effective_target(p, role)
-        mine = [i for i in self.instances if i.pool_index == p.index and i.role == role]
+        mine = p.members[role]
+        # the controller's target is set every tick and is mostly met already: then neither step below acts
+        heading_active = heading_standby = 0
+        for i in mine:
+            state = i.state
+            if state == "active" or state == "activating":
+                heading_active += 1
+            elif state == "provisioning" or state == "draining":
+                if i.dest == "standby":
+                    heading_standby += 1
+                elif state == "provisioning" and i.dest == "active":
+                    heading_active += 1
+            elif state == "standby":
+                heading_standby += 1
+        if heading_active == want_active and heading_standby == want_standby:
+            return
+        mine = list(mine)  # as it is now: the steps below provision new members
         self._adjust_active(p, role, mine, want_active, want_standby, warm)
         self._adjust_standby(p, role, mine, want_standby, warm)
 
@@ -1076,10 +1095,12 @@ class Simulator:
         p = self._pool_by_name.get(pool)
         if p is None:
             raise KeyError(f"no pool named {pool!r}")
-        out = {role: dict.fromkeys(STATES, 0) for role in p.spec.roles}
-        for i in self.instances:
-            if i.pool_index == p.index and i.state != "gone":
-                out[i.role][i.state] += 1
+        out = {}
+        for role in p.spec.roles:
+            out[role] = n = dict.fromkeys(STATES, 0)
+            for i in p.members[role]:
+                if i.state != "gone":
+                    n[i.state] += 1
         return out
 
     def pending(self, pool: str) -> dict[str, int]:
