@@ -319,6 +319,7 @@ class Simulator:
         self.output_predictor = output_predictor
         self.tail = tail
         self.gateway = gateway
+        self._gw_on = gateway is not None
         self._gw_max = gateway.max_waiting if gateway is not None else 0
         self._gw_counted: set[int] = set()  # held at a gateway, already counted by the router counters
         # arrivals parked (gateway or router queue) before paying the latency model's admission delay: they
@@ -406,6 +407,7 @@ class Simulator:
         pools, pool_of, instances = self.pools, self.req.pool_of, self.instances
         predictor, tail = self.output_predictor, self.tail
         heappop, inf = heapq.heappop, math.inf
+        route, on_segment_end = self._route, self._on_segment_end
         nxt = self._next_arrival
         t_arr = times[nxt] if nxt < n_arr else inf
         while True:
@@ -423,7 +425,7 @@ class Simulator:
                 if tail is not None:
                     wait_s = tail.fraction * pool.spec.slo_ttft_ms / 1000.0
                     self._push(t_arr + wait_s, _EV_TAIL, rid, 0)
-                self._route(pool, pool.entry_role, rid, admit=True)
+                route(pool, pool.entry_role, rid, admit=True)
                 t_arr = times[nxt] if nxt < n_arr else inf
                 continue
             if t_ev > t_s:
@@ -433,9 +435,9 @@ class Simulator:
             if kind == _EV_SEGMENT:
                 inst = instances[a]
                 if inst.version == b and inst.busy and inst.seg_end_s == t:
-                    self._on_segment_end(inst)
+                    on_segment_end(inst)
             elif kind == _EV_TRANSFER:
-                self._route(pools[pool_of[a]], "decode", a)
+                route(pools[pool_of[a]], "decode", a)
             elif kind == _EV_TAIL:
                 self._on_tail(a)
             elif kind == _EV_TAIL_EXPIRE:
@@ -503,7 +505,11 @@ class Simulator:
         else:
             inst = ready[0]
         routed = role != pool.entry_role or self._count_routed(pool, inst, role, rid)
-        if admit and self._start_admission(pool, inst, rid, routed=routed):
+        if (
+            admit
+            and pool.admission_delay_ms is not None
+            and self._start_admission(pool, inst, rid, routed=routed)
+        ):
             return
         self._enqueue(inst, rid, routed=routed)
 
@@ -670,9 +676,7 @@ class Simulator:
 
     def _schedule(self, inst: Instance, was_busy: bool = False) -> None:
         gateway = (
-            self.gateway is not None
-            and inst.state == "active"
-            and bool(self.pools[inst.pool_index].gateway[inst.role])
+            self._gw_on and inst.state == "active" and bool(self.pools[inst.pool_index].gateway[inst.role])
         )
         if gateway:
             self._pull(inst, step=True)  # before planning: what the step can take joins it
@@ -715,15 +719,12 @@ class Simulator:
                 self.output_predictor.observe(self.req.prompt[rid], self.req.target[rid], model=name)
         if out.handoff:
             pool = self.pools[inst.pool_index]
-            for rid in out.handoff:
-                ctx = self.req.ctx[rid]
-                self._push(
-                    self.now_s + pool.transfer_latency_s + ctx * pool.transfer_s_per_token,
-                    _EV_TRANSFER,
-                    rid,
-                    0,
-                )
-        self._schedule(inst, was_busy=True)
+            ctx, events = self.req.ctx, self._events
+            for rid in out.handoff:  # self._push, inline: once per request
+                self._seq += 1
+                t_s = self.now_s + pool.transfer_latency_s + ctx[rid] * pool.transfer_s_per_token
+                heapq.heappush(events, (t_s, self._seq, _EV_TRANSFER, rid, 0))
+        self._schedule(inst, True)
 
     # -- tail requests ----------------------------------------------------------------------------------
     def _on_tail(self, rid: int) -> None:
