@@ -233,12 +233,14 @@ class Histogram:
         if steps <= 0 or weight <= 0:
             return
         last_s = first_s + slope_s * (steps - 1)
-        lo = bisect_left(self.bounds, first_s)
-        hi = bisect_left(self.bounds, last_s)
+        bounds = self.bounds
+        lo = bisect_left(bounds, first_s)
         self.sum += weight * (first_s * steps + slope_s * steps * (steps - 1) / 2.0)
-        if lo == hi:
+        # last_s >= first_s > bounds[lo - 1]: in bucket lo too when last_s <= bounds[lo] (the usual case)
+        if lo == len(bounds) or last_s <= bounds[lo]:
             self.counts[lo] += weight * steps
             return
+        hi = bisect_left(bounds, last_s)
         below = 0  # observations <= bounds[b]
         for b in range(lo, hi):
             upto = min(math.floor((self.bounds[b] - first_s) / slope_s) + 1, steps)
@@ -771,7 +773,12 @@ class Instance:
             self._idle_since_s = math.nan
         n = len(self.decoding)
         step = self.step
-        steps = self._first_finish_step(req) - step
+        # the first finish step: the heap's head when it is current, else _first_finish_step pops stale ones
+        head = self._finish[0] if self._finish else (0, -1, 0)
+        if head[1] in self.decoding and req.join_seq[head[1]] == head[2]:
+            steps = head[0] - step
+        else:
+            steps = self._first_finish_step(req) - step
         if steps > DECODE_RUN_MAX_STEPS:
             steps = DECODE_RUN_MAX_STEPS
         free = self.total_blocks - self.used_blocks
