@@ -649,6 +649,11 @@ class Instance:
         """Plan the next segment from ``now_s``; its end time, or None when there is nothing to run."""
         # Runs once per segment: the request table's columns and the queues are bound to locals, and block
         # counts are ceil(tokens / block_size) written inline (as _blocks).
+        if not (self.decoding or self.prefilling or self.waiting):  # nothing to run (the loop's last case)
+            self.busy = False
+            if math.isnan(self._idle_since_s):
+                self._idle_since_s = now_s
+            return None
         bs = self.block_size
         total_blocks = self.total_blocks
         phase = self._phase
