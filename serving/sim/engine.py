@@ -90,8 +90,16 @@ import numpy as np
 from serving.sim.fleet import ROLES, FleetSpec, PoolSpec
 from serving.sim.instance import Instance, LatencyLike, ProfileLike, RequestTable
 from serving.sim.interference import Interference
+from serving.sim.latency import OperatorLatencyModel
 from serving.sim.report import ReplayReport, Timeline, percentiles, request_latencies_ms, slo_met
-from serving.sim.router import GatewayPolicy, GatewayQueue, Router, RouteRequest, make_router
+from serving.sim.router import (
+    GatewayPolicy,
+    GatewayQueue,
+    LeastLoadedRouter,
+    Router,
+    RouteRequest,
+    make_router,
+)
 from serving.sim.samples import (
     E2E_REQUEST_LATENCY_SECONDS,
     GENERATION_TOKENS_TOTAL,
@@ -223,14 +231,21 @@ class _Pool:
         self.profile = profile
         self.latency = latency
         self.router: Router = make_router(spec.router)
+        # least-loaded routing is done by the simulator itself, without a RouteRequest (see Simulator._route)
+        self.least_loaded = type(self.router) is LeastLoadedRouter
         self.entry_role = "prefill" if spec.disaggregated else "mixed"
-        # the latency model's admission delay (absent, or 0 for a call: the request is queued on arrival)
+        # the latency model's admission delay (absent, or 0 for a call: the request is queued on arrival;
+        # the operator model, which has none, is not asked once per arrival)
         delay = getattr(latency, "admission_delay_ms", None)
+        if type(latency) is OperatorLatencyModel:
+            delay = None
         self.admission_delay_ms: Callable[..., float] | None = delay if callable(delay) else None
         # streams younger than this many output tokens count as young for it (0: not keyed on age)
         self.admission_young_tokens = float(getattr(latency, "admission_young_tokens", 0.0) or 0.0)
         self.admission_outside = _outside(latency, "admission_outside_fraction")
         self.ready: dict[str, list[Instance]] = {r: [] for r in ROLES}
+        # every instance of each role ever provisioned (gone ones too), in creation order
+        self.members: dict[str, list[Instance]] = {r: [] for r in ROLES}
         self.pending: dict[str, deque[int]] = {r: deque() for r in ROLES}
         self.gateway: dict[str, GatewayQueue] = {r: GatewayQueue() for r in ROLES}  # GatewayPolicy on only
         self.gateway_peak: dict[str, int] = {r: 0 for r in ROLES}
@@ -304,6 +319,7 @@ class Simulator:
         self.output_predictor = output_predictor
         self.tail = tail
         self.gateway = gateway
+        self._gw_on = gateway is not None
         self._gw_max = gateway.max_waiting if gateway is not None else 0
         self._gw_counted: set[int] = set()  # held at a gateway, already counted by the router counters
         # arrivals parked (gateway or router queue) before paying the latency model's admission delay: they
@@ -391,6 +407,7 @@ class Simulator:
         pools, pool_of, instances = self.pools, self.req.pool_of, self.instances
         predictor, tail = self.output_predictor, self.tail
         heappop, inf = heapq.heappop, math.inf
+        route, on_segment_end = self._route, self._on_segment_end
         nxt = self._next_arrival
         t_arr = times[nxt] if nxt < n_arr else inf
         while True:
@@ -408,7 +425,7 @@ class Simulator:
                 if tail is not None:
                     wait_s = tail.fraction * pool.spec.slo_ttft_ms / 1000.0
                     self._push(t_arr + wait_s, _EV_TAIL, rid, 0)
-                self._route(pool, pool.entry_role, rid, admit=True)
+                route(pool, pool.entry_role, rid, admit=True)
                 t_arr = times[nxt] if nxt < n_arr else inf
                 continue
             if t_ev > t_s:
@@ -418,9 +435,9 @@ class Simulator:
             if kind == _EV_SEGMENT:
                 inst = instances[a]
                 if inst.version == b and inst.busy and inst.seg_end_s == t:
-                    self._on_segment_end(inst)
+                    on_segment_end(inst)
             elif kind == _EV_TRANSFER:
-                self._route(pools[pool_of[a]], "decode", a)
+                route(pools[pool_of[a]], "decode", a)
             elif kind == _EV_TAIL:
                 self._on_tail(a)
             elif kind == _EV_TAIL_EXPIRE:
@@ -471,14 +488,28 @@ class Simulator:
             pool.pending[role].append(rid)
             return
         if len(ready) > 1:
-            req = self.req
-            # positional: a frozen dataclass's keyword construction costs twice as much, once per routing
-            request = RouteRequest(req.prompt[rid], req.predicted[rid], req.priority[rid], role)
-            inst = ready[pool.router.choose(request, ready)]
+            if pool.least_loaded:
+                # LeastLoadedRouter's choice (fewest requests, ties to the lowest instance id): ``ready`` is in
+                # instance-id order (_activate), so the first of the least loaded (a plain loop: cheaper
+                # than min with a key)
+                inst = ready[0]
+                least = inst.load
+                for other in ready:
+                    if other.load < least:
+                        inst, least = other, other.load
+            else:
+                req = self.req
+                # positional: a frozen dataclass's keyword construction costs twice as much, once per routing
+                request = RouteRequest(req.prompt[rid], req.predicted[rid], req.priority[rid], role)
+                inst = ready[pool.router.choose(request, ready)]
         else:
             inst = ready[0]
         routed = role != pool.entry_role or self._count_routed(pool, inst, role, rid)
-        if admit and self._start_admission(pool, inst, rid, routed=routed):
+        if (
+            admit
+            and pool.admission_delay_ms is not None
+            and self._start_admission(pool, inst, rid, routed=routed)
+        ):
             return
         self._enqueue(inst, rid, routed=routed)
 
@@ -645,9 +676,7 @@ class Simulator:
 
     def _schedule(self, inst: Instance, was_busy: bool = False) -> None:
         gateway = (
-            self.gateway is not None
-            and inst.state == "active"
-            and bool(self.pools[inst.pool_index].gateway[inst.role])
+            self._gw_on and inst.state == "active" and bool(self.pools[inst.pool_index].gateway[inst.role])
         )
         if gateway:
             self._pull(inst, step=True)  # before planning: what the step can take joins it
@@ -690,21 +719,18 @@ class Simulator:
                 self.output_predictor.observe(self.req.prompt[rid], self.req.target[rid], model=name)
         if out.handoff:
             pool = self.pools[inst.pool_index]
-            for rid in out.handoff:
-                ctx = self.req.ctx[rid]
-                self._push(
-                    self.now_s + pool.transfer_latency_s + ctx * pool.transfer_s_per_token,
-                    _EV_TRANSFER,
-                    rid,
-                    0,
-                )
-        self._schedule(inst, was_busy=True)
+            ctx, events = self.req.ctx, self._events
+            for rid in out.handoff:  # self._push, inline: once per request
+                self._seq += 1
+                t_s = self.now_s + pool.transfer_latency_s + ctx[rid] * pool.transfer_s_per_token
+                heapq.heappush(events, (t_s, self._seq, _EV_TRANSFER, rid, 0))
+        self._schedule(inst, True)
 
     # -- tail requests ----------------------------------------------------------------------------------
     def _on_tail(self, rid: int) -> None:
         """``rid`` has waited ``tail.fraction`` of its TTFT SLO: promote it if still in its entry queue."""
         req = self.req
-        if req.promoted[rid] or req.prompt_counted[rid] or not math.isnan(req.t_first_s[rid]):
+        if req.promoted[rid] or req.prompt_counted[rid] or not math.isnan(req.first_s[rid]):
             return
         pool = self.pools[req.pool_of[rid]]
         role = pool.entry_role
@@ -755,7 +781,7 @@ class Simulator:
             return  # the controller set a new target since: its counts included the promoted instance
         pool.boost[role] -= 1
         want_active, _ = self._effective_target(pool, role)
-        mine = [i for i in self.instances if i.pool_index == pool.index and i.role == role]
+        mine = pool.members[role]
         active = [i for i in mine if i.state == "active"]
         heading = len(active) + sum(1 for i in mine if i.state == "activating")
         if heading > want_active and active:
@@ -828,6 +854,7 @@ class Simulator:
             inst.sibling, sibling.sibling = sibling, inst
         inst.dest = dest
         self.instances.append(inst)
+        pool.members[role].append(inst)
         self._by_id[inst_id] = inst
         self._node_members.setdefault(node, []).append(inst)
         self._node_gpus[node] = int(pool.profile.gpus)
@@ -962,7 +989,23 @@ class Simulator:
     def _retarget(self, p: _Pool, role: str, warm: bool = False) -> None:
         """Bring the role to its target, plus the standby instances promoted for tail requests."""
         want_active, want_standby = self._effective_target(p, role)
-        mine = [i for i in self.instances if i.pool_index == p.index and i.role == role]
+        mine = p.members[role]
+        # the controller's target is set every tick and is mostly met already: then neither step below acts
+        heading_active = heading_standby = 0
+        for i in mine:
+            state = i.state
+            if state == "active" or state == "activating":
+                heading_active += 1
+            elif state == "provisioning" or state == "draining":
+                if i.dest == "standby":
+                    heading_standby += 1
+                elif state == "provisioning" and i.dest == "active":
+                    heading_active += 1
+            elif state == "standby":
+                heading_standby += 1
+        if heading_active == want_active and heading_standby == want_standby:
+            return
+        mine = list(mine)  # as it is now: the steps below provision new members
         self._adjust_active(p, role, mine, want_active, want_standby, warm)
         self._adjust_standby(p, role, mine, want_standby, warm)
 
@@ -1055,10 +1098,12 @@ class Simulator:
         p = self._pool_by_name.get(pool)
         if p is None:
             raise KeyError(f"no pool named {pool!r}")
-        out = {role: dict.fromkeys(STATES, 0) for role in p.spec.roles}
-        for i in self.instances:
-            if i.pool_index == p.index and i.state != "gone":
-                out[i.role][i.state] += 1
+        out = {}
+        for role in p.spec.roles:
+            out[role] = n = dict.fromkeys(STATES, 0)
+            for i in p.members[role]:
+                if i.state != "gone":
+                    n[i.state] += 1
         return out
 
     def pending(self, pool: str) -> dict[str, int]:
@@ -1103,7 +1148,8 @@ class Simulator:
 
     def unfinished(self) -> int:
         """Requests neither completed nor rejected."""
-        return int(np.count_nonzero((self.req.completions == 0) & ~self.rejected))
+        # rejected requests never complete: the requests not completed, less those
+        return self.req.completed.count(0) - int(np.count_nonzero(self.rejected))
 
     def rejected_in(self, pool: str) -> np.ndarray:
         """Bool per request of ``pool``'s trace (arrival order): rejected (no instance can hold it)."""

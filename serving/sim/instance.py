@@ -82,6 +82,7 @@ from typing import Protocol
 import numpy as np
 
 from serving.sim.interference import Interference
+from serving.sim.latency import OperatorLatencyModel
 from serving.sim.samples import E2E_BUCKETS_S, ITL_BUCKETS_S, TTFT_BUCKETS_S
 
 # Longest decode run priced at once; a run stops earlier at its first completion or a full KV cache.
@@ -180,10 +181,32 @@ class RequestTable:
         self.predicted: list[float] = [float(t) for t in self.target]
         self.promoted: list[bool] = [False] * n  # tail promotion done (once per request)
         self.where: list[int] = [-1] * n  # index of the instance it was last queued at (-1: none yet)
-        self.t_first_s = np.full(n, np.nan)
-        self.t_done_s = np.full(n, np.nan)
-        self.preemptions = np.zeros(n, dtype=np.int64)
-        self.completions = np.zeros(n, dtype=np.int64)  # must end at exactly 1 per request
+        # the client's first-token and completion times (NaN: not yet), preemptions and completions (must end
+        # at exactly 1 per request): written once per request, as lists; read as arrays (the properties below)
+        self.first_s: list[float] = [math.nan] * n
+        self.done_s: list[float] = [math.nan] * n
+        self.preempted: list[int] = [0] * n
+        self.completed: list[int] = [0] * n
+
+    @property
+    def t_first_s(self) -> np.ndarray:
+        """The client's first-token time per request (NaN: none yet); a new array."""
+        return np.array(self.first_s, dtype=np.float64)
+
+    @property
+    def t_done_s(self) -> np.ndarray:
+        """Completion time per request (NaN: not completed); a new array."""
+        return np.array(self.done_s, dtype=np.float64)
+
+    @property
+    def preemptions(self) -> np.ndarray:
+        """Times each request was preempted; a new array."""
+        return np.array(self.preempted, dtype=np.int64)
+
+    @property
+    def completions(self) -> np.ndarray:
+        """Times each request completed (1 when done, 0 before); a new array."""
+        return np.array(self.completed, dtype=np.int64)
 
     def reset_for_recompute(self, rid: int) -> None:
         """The request lost its KV: it must prefill its prompt plus all but the last generated token."""
@@ -210,12 +233,14 @@ class Histogram:
         if steps <= 0 or weight <= 0:
             return
         last_s = first_s + slope_s * (steps - 1)
-        lo = bisect_left(self.bounds, first_s)
-        hi = bisect_left(self.bounds, last_s)
+        bounds = self.bounds
+        lo = bisect_left(bounds, first_s)
         self.sum += weight * (first_s * steps + slope_s * steps * (steps - 1) / 2.0)
-        if lo == hi:
+        # last_s >= first_s > bounds[lo - 1]: in bucket lo too when last_s <= bounds[lo] (the usual case)
+        if lo == len(bounds) or last_s <= bounds[lo]:
             self.counts[lo] += weight * steps
             return
+        hi = bisect_left(bounds, last_s)
         below = 0  # observations <= bounds[b]
         for b in range(lo, hi):
             upto = min(math.floor((self.bounds[b] - first_s) / slope_s) + 1, steps)
@@ -333,6 +358,9 @@ class Instance:
         self._run_slope_ms = 0.0
         # Decode-step ms per KV token for each batch size (the model is affine in context, see module doc)
         self._ms_per_ctx: dict[int, float] = {}
+        # a decode step's ms, (batch, context) -> iteration_ms(0, 0, batch, context): the operator model's
+        # unchecked path (the same float) when it is that model itself, else through iteration_ms
+        self._decode_ms = latency.decode_ms if type(latency) is OperatorLatencyModel else self._decode_step_ms
         self._it_chunks: list[tuple[int, int]] = []
         self._it_decode = 0
         self._it_ms = 0.0
@@ -600,7 +628,7 @@ class Instance:
             self.prefilling.remove(victim)
         self.used_blocks -= self._blocks(req.ctx[victim])
         req.reset_for_recompute(victim)
-        req.preemptions[victim] += 1
+        req.preempted[victim] += 1
         self.preemptions_total += 1
         heapq.heappush(self.waiting, (req.priority[victim], victim))
 
@@ -621,11 +649,16 @@ class Instance:
         """Plan the next segment from ``now_s``; its end time, or None when there is nothing to run."""
         # Runs once per segment: the request table's columns and the queues are bound to locals, and block
         # counts are ceil(tokens / block_size) written inline (as _blocks).
+        if not (self.decoding or self.prefilling or self.waiting):  # nothing to run (the loop's last case)
+            self.busy = False
+            if math.isnan(self._idle_since_s):
+                self._idle_since_s = now_s
+            return None
         bs = self.block_size
         total_blocks = self.total_blocks
         phase = self._phase
         decoding, prefilling, waiting = self.decoding, self.prefilling, self.waiting
-        r_ctx, r_left = req.ctx, req.prefill_left
+        r_ctx, r_left, r_first = req.ctx, req.prefill_left, req.first_s
         heappop = heapq.heappop
         while True:
             need = phase[(-self.step) % bs] if decoding else 0
@@ -667,7 +700,7 @@ class Instance:
                     self._join_decode(rid, req)
                     if req.kv_src[rid] >= 0:
                         self.pulled.append(rid)
-                    if math.isnan(req.t_first_s[rid]):
+                    if r_first[rid] != r_first[rid]:  # NaN: no first token yet
                         self._fresh.append(rid)
                 else:
                     chunk = left if left < budget else budget
@@ -735,6 +768,9 @@ class Instance:
         self._fresh_t_s = self.seg_end_s
         return self.seg_end_s
 
+    def _decode_step_ms(self, batch: int, context_tokens: int) -> float:
+        return float(self.latency.iteration_ms(0, 0, batch, context_tokens))
+
     def _start_decode_run(self, now_s: float, req: RequestTable) -> float:
         if self._wake_s > 0.0:
             now_s = self._wake_up(now_s)
@@ -742,7 +778,12 @@ class Instance:
             self._idle_since_s = math.nan
         n = len(self.decoding)
         step = self.step
-        steps = self._first_finish_step(req) - step
+        # the first finish step: the heap's head when it is current, else _first_finish_step pops stale ones
+        head = self._finish[0] if self._finish else (0, -1, 0)
+        if head[1] in self.decoding and req.join_seq[head[1]] == head[2]:
+            steps = head[0] - step
+        else:
+            steps = self._first_finish_step(req) - step
         if steps > DECODE_RUN_MAX_STEPS:
             steps = DECODE_RUN_MAX_STEPS
         free = self.total_blocks - self.used_blocks
@@ -751,11 +792,10 @@ class Instance:
         if steps < 1:
             steps = 1
         ctx0 = self._ctx_offset_sum + n * step
-        latency = self.latency
-        first = float(latency.iteration_ms(0, 0, n, ctx0))
+        first = self._decode_ms(n, ctx0)
         per_ctx = self._ms_per_ctx.get(n)
         if per_ctx is None:
-            far = float(latency.iteration_ms(0, 0, n, ctx0 + n * 1024))
+            far = float(self.latency.iteration_ms(0, 0, n, ctx0 + n * 1024))
             per_ctx = self._ms_per_ctx[n] = max((far - first) / (n * 1024), 0.0)
         factor = 1.0 if self.sibling is None else self._factor(n, ctx0)
         first *= factor
@@ -836,8 +876,8 @@ class Instance:
     def _complete(self, rid: int, now_s: float, req: RequestTable, out: SegmentResult) -> None:
         if self._defer_below:
             self._first_token(rid, now_s, req, final=True)  # a deferred first token, if any
-        req.t_done_s[rid] = now_s
-        req.completions[rid] += 1
+        req.done_s[rid] = now_s
+        req.completed[rid] += 1
         self.success_total += 1
         self.load -= 1
         self.e2e.observe(now_s - req.stamp[rid])  # the server's view: from vLLM's arrival stamp
@@ -866,8 +906,8 @@ class Instance:
             and (rid * 2654435761 + 97) % 2**32 < self._defer_below
         ):
             return  # the client gets it with the request's last token (module doc)
-        if math.isnan(req.t_first_s[rid]):
-            req.t_first_s[rid] = now_s
+        if math.isnan(req.first_s[rid]):
+            req.first_s[rid] = now_s
 
     def _finish_chunks(self, now_s: float, req: RequestTable, out: SegmentResult) -> None:
         r_ctx, r_left = req.ctx, req.prefill_left

@@ -301,6 +301,8 @@ class OperatorLatencyModel:
         # are memoised here, the same floats as computing them afresh (see _scalar).
         self._tok_memo: dict[float, float] = {}
         self._dec_memo: dict[float, float] = {}
+        # decode_ms: per decode batch size, the two batch-only partial sums of _scalar
+        self._decode_memo: dict[int, tuple[float, float]] = {}
 
     # Per-request client-side cost (module docstring): none is modelled for the GPU profiles, whose
     # overhead terms are per iteration and whose replays must not change.
@@ -393,6 +395,22 @@ class OperatorLatencyModel:
                     self._dec_memo[b] = dec
             total += dec + self._dc * c  # = da + db·b + dc·c, evaluated left to right as before
         return total
+
+    def decode_ms(self, batch: int, context_tokens: int) -> float:
+        """``iteration_ms(0, 0, batch, context_tokens)`` for ``batch >= 1`` (ints, unchecked): the same float,
+        for the simulator's decode runs (one call per run), without the argument checks and conversions."""
+        parts = self._decode_memo.get(batch)
+        if parts is None:
+            b = float(batch)
+            over = self.overhead
+            tok = self._tok_memo.get(b)
+            if tok is None:
+                tok = self._tok.scalar(b)
+            # _scalar's sums with prefill_tokens = 0, in its order: (tok + c0 + per_seq·b) + (da + db·b + dc·c)
+            parts = (tok + over.c0_ms + over.per_seq_ms * b, self._da + self._db * b)
+            if len(self._decode_memo) < _MEMO_MAX:
+                self._decode_memo[batch] = parts
+        return parts[0] + (parts[1] + self._dc * context_tokens)
 
     def breakdown_ms(
         self,
