@@ -20,6 +20,7 @@ from serving.sim.cpu_tiny_measure import (
     ADMISSION_YOUNG_TOKENS,
     BACKGROUND_CONTEXT_AT_PROBE,
     IDLE_FACTOR_COLUMNS,
+    OUTSIDE_COLUMNS,
     PROBES_CSV,
     PROBES_SHORT_CSV,
     ROOT,
@@ -484,14 +485,7 @@ def _least_absolute(design: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndar
     return np.asarray(res.x[:k], dtype=np.float64)
 
 
-OUTSIDE_COLUMNS_NUMERIC = (
-    "concurrency",
-    "requests",
-    "prompt_tokens_mean",
-    "inflight_mean",
-    "client_ttft_mean_ms",
-    "server_ttft_mean_ms",
-)
+OUTSIDE_COLUMNS_NUMERIC = tuple(c for c in OUTSIDE_COLUMNS if c not in ("kind", "rep"))
 
 
 def overhead_outside_share(
