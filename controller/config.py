@@ -68,6 +68,27 @@ class PolicyConfig(BaseModel):
             " at 1'). 0 (default) = the spread as it comes from the first tick"
         ),
     )
+    standby_untested_prefill: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="the prefill standby of standby_untested_s's window (None = standby_prefill)",
+    )
+    standby_untested_decode: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="the decode standby of standby_untested_s's window (None = standby_decode)",
+    )
+    standby_untested_spare: bool = Field(
+        True,
+        description=(
+            "with standby_untested_s and standby_counts_spare: the spare active replicas count against the standby"
+            " during the untested window and its hold too (True, as at any other time). False: the untested"
+            " standby is kept on top of them; the spare follows the per-second wanted target, and its flaps"
+            " cancel the bet's cold starts before they are warm (mmpp-diurnal's prefill, docs/BENCHMARKS.md)"
+        ),
+    )
     standby_counts_spare: bool = Field(
         True,
         description=(

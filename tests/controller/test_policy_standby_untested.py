@@ -108,3 +108,52 @@ def test_untested_only_adds_standby_and_never_touches_active(untested_s: float, 
 def test_negative_window_is_refused() -> None:
     with pytest.raises(ValidationError):
         PolicyConfig(standby_untested_s=-1.0)
+
+
+def _held_above(cfg: PolicyConfig, ticks: int) -> list[ScalingPlan]:
+    """The quiet load (wanted 1 + 1) on a fleet held at 3 + 3 by the minimum, so 2 spare active replicas per
+    role."""
+    cfg = cfg.model_copy(update={"min_prefill": 3, "min_decode": 3})
+    held = {"prefill": 3, "decode": 3}
+    state = PoolState()
+    plans = []
+    for k in range(ticks):
+        o = obs(
+            now_s=START + k,
+            **{**QUIET, "replicas": held, "active": held},
+            forecast=forecast(prompt_tps=2_000.0, gen_tps=400.0, rps=2.0),
+        )
+        plan, state = decide(ctx(o, cfg), state)
+        assert plan is not None
+        plans.append(plan)
+    return plans
+
+
+def test_untested_standby_on_top_of_the_spare_only_when_asked() -> None:
+    counted = PolicyConfig(standby_prefill=2, standby_decode=2, standby_untested_s=30.0)
+    on_top = PolicyConfig(
+        standby_prefill=2, standby_decode=2, standby_untested_s=30.0, standby_untested_spare=False
+    )
+    for a, b in zip(_held_above(counted, 20), _held_above(on_top, 20), strict=True):
+        assert (a.prefill, a.decode) == (b.prefill, b.decode) == (3, 3)
+        assert (a.standby_prefill, a.standby_decode) == (0, 0)  # the 2 spare per role absorb the 2
+        assert (b.standby_prefill, b.standby_decode) == (2, 2)
+    # without the untested window the flag changes nothing
+    plain = [(p.standby_prefill, p.standby_decode) for p in _held_above(PolicyConfig(standby_prefill=2), 5)]
+    flag = [
+        (p.standby_prefill, p.standby_decode)
+        for p in _held_above(PolicyConfig(standby_prefill=2, standby_untested_spare=False), 5)
+    ]
+    assert plain == flag
+
+
+def test_window_counts_replace_the_configured_ones_only_in_the_window() -> None:
+    cfg = PolicyConfig(
+        standby_prefill=0,
+        standby_decode=2,
+        standby_untested_s=10.0,
+        standby_untested_prefill=1,
+        standby_untested_decode=1,
+    )
+    plans = [p for _, p in _run(cfg, 12)]
+    assert all(_standby(p) == (1, 1) for p in plans[:10])
