@@ -62,7 +62,7 @@ class PolicyConfig(BaseModel):
         description=(
             "with standby_sizing 'uncertainty': for the first standby_untested_s of a pool's known load the"
             " forecast's spread is untested on this pool, and is taken as unknown (standby = the standby_* counts,"
-            " as for no forecast), then held like any sized standby. A bet on the first minutes, when no"
+            " as for no forecast, or standby_untested_prefill / _decode), then held like any sized standby. A bet on the first minutes, when no"
             " burst has been seen to size for: on mmpp-diurnal decode stayed at 1 through the first burst"
             " (130-210 s), whose capacity had to be ordered by ~10 s (docs/BENCHMARKS.md, 'Why decode stays"
             " at 1'). 0 (default) = the spread as it comes from the first tick"
