@@ -55,6 +55,40 @@ class PolicyConfig(BaseModel):
             " flat 2 decode standby was ~2 of the ~5 GPUs held (bench/bench_policies.py, docs/BENCHMARKS.md)"
         ),
     )
+    standby_untested_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=3600.0,
+        description=(
+            "with standby_sizing 'uncertainty': for the first standby_untested_s of a pool's known load the"
+            " forecast's spread is untested on this pool, and is taken as unknown (standby = the standby_* counts,"
+            " as for no forecast, or standby_untested_prefill / _decode), then held like any sized standby. A bet on the first minutes, when no"
+            " burst has been seen to size for: on mmpp-diurnal decode stayed at 1 through the first burst"
+            " (130-210 s), whose capacity had to be ordered by ~10 s (docs/BENCHMARKS.md, 'Why decode stays"
+            " at 1'). 0 (default) = the spread as it comes from the first tick"
+        ),
+    )
+    standby_untested_prefill: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="the prefill standby of standby_untested_s's window (None = standby_prefill)",
+    )
+    standby_untested_decode: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="the decode standby of standby_untested_s's window (None = standby_decode)",
+    )
+    standby_untested_spare: bool = Field(
+        True,
+        description=(
+            "with standby_untested_s and standby_counts_spare: the spare active replicas count against the standby"
+            " during the untested window and its hold too (True, as at any other time). False: the untested"
+            " standby is kept on top of them; the spare follows the per-second wanted target, and its flaps"
+            " cancel the bet's cold starts before they are warm (mmpp-diurnal's prefill, docs/BENCHMARKS.md)"
+        ),
+    )
     standby_counts_spare: bool = Field(
         True,
         description=(

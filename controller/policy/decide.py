@@ -56,7 +56,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     )
     if need is None:
         return None, smoothed
-    state = smoothed
+    state = smoothed if math.isfinite(smoothed.first_known_s) else evolve(smoothed, first_known_s=obs.now_s)
     reasons = [*need.reasons, why_calibrated] if why_calibrated else list(need.reasons)
     state = evolve(
         state, rate_history=stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
@@ -151,7 +151,13 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         if clamped != target:
             reasons.append(f"{role}: clamped {target} → {clamped} to [{lo}, {hi}]")
         final[role] = clamped
-    if cfg.standby_counts_spare:
+    # the untested standby (cfg.standby_untested_s) and its hold are a bet on top of what is held: with
+    # standby_untested_spare off, the spare does not eat it (its per-tick flaps cancel the cold starts)
+    bet_until_s = (
+        state.first_known_s + cfg.standby_untested_s + max(cfg.scale_down_delay_s, cfg.provision_lead_s)
+    )
+    on_top = cfg.standby_untested_s > 0 and not cfg.standby_untested_spare and obs.now_s < bet_until_s
+    if cfg.standby_counts_spare and not on_top:
         spares = {r: max(final[r] - wanted[r], 0) for r in ROLES}
         if cfg.standby_spare_settle == "window":
             spares, state = _settled_spare(spares, obs.now_s, cfg, state)
@@ -208,12 +214,25 @@ def _standby_targets(
     need: stages.Need, prefill: int, decode: int, obs: PoolObservation, cfg: PolicyConfig, state: PoolState
 ) -> tuple[dict[str, int], PoolState, list[str]]:
     """Standby per role: the configured counts ('flat'), or sized by the forecast's spread and held like
-    replicas for max(scale-down delay, provision lead) ('uncertainty')."""
+    replicas for max(scale-down delay, provision lead) ('uncertainty'). For the first
+    ``cfg.standby_untested_s`` of known load the spread counts as unknown: the configured counts, or
+    ``cfg.standby_untested_prefill`` / ``_decode`` where set."""
     target = {"prefill": cfg.standby_prefill, "decode": cfg.standby_decode}
     if cfg.standby_sizing == "flat":
         return target, state, []
     spread = stages.forecast_spread(obs)
     reasons = []
+    known_s = obs.now_s - state.first_known_s
+    if known_s < cfg.standby_untested_s:  # what the spread is worth on this pool is not known yet
+        spread = math.nan
+        for role, count in (
+            ("prefill", cfg.standby_untested_prefill),
+            ("decode", cfg.standby_untested_decode),
+        ):
+            target[role] = target[role] if count is None else count
+        reasons.append(
+            f"standby: load known for {known_s:.0f} s < {cfg.standby_untested_s:.0f} s: spread untested"
+        )
     for role, role_need, active in (("prefill", need.prefill, prefill), ("decode", need.decode, decode)):
         target[role], why = stages.standby_size(role_need, active, cfg.headroom, spread, target[role])
         reasons.append(f"{role}: {why}")

@@ -196,6 +196,8 @@ class PoolState:
     pauses: tuple[float, ...] = ()
     # the arrival forecast's coverage tracking (controller.policy.calibration; PolicyConfig.arrival_calibration)
     arrival_calibration: ArrivalCalibration = field(default_factory=lambda: ArrivalCalibration())
+    # the first tick with a known load (decide; PolicyConfig.standby_untested_s); NaN = none yet
+    first_known_s: float = math.nan
 
 
 _Evolvable = TypeVar("_Evolvable", ArrivalCalibration, PoolObservation, PoolState, ScalingPlan)
