@@ -116,8 +116,10 @@ def kept_reserve(
     peak_quantile: float | None,
     final: LeadPeaks,
     projected: tuple[tuple[float, float], ...],
+    block_s: float,
 ) -> tuple[Reserve, LeadPeaks] | None:
-    """``stages.burst_reserve_kept``'s result from ``final``'s cache, or None where it does not apply."""
+    """``stages.burst_reserve_kept``'s result from ``final``'s cache, or None where it does not apply
+    (``block_s``: the need blocks' length, ``stages.NEED_BLOCK_S``)."""
     if not final.ordered or final.lead_s != lead_s or final.headroom != headroom or len(blocks) < 2:
         return None
     rows, rises = memoryview(final.rows).cast("d"), memoryview(final.rises).cast("d")
@@ -145,7 +147,7 @@ def kept_reserve(
         != final.marks[bisect.bisect_left([x[0] for x in final.marks], blocks[0][0]) :]
     ):
         return None  # the final rows' rises were computed with other marks
-    m = max(math.ceil(lead_s / 5.0), 1)  # stages.NEED_BLOCK_S
+    m = max(math.ceil(lead_s / block_s), 1)
     lead = lead_s + 1e-9
     size = len(t)
     p0, p1 = [-_INF] * size, [-_INF] * size

@@ -961,7 +961,9 @@ def burst_reserve_kept(
     n = len(blocks)
     if n < 2 or lead_s <= 0:
         return (nan2, nan2), LeadPeaks()
-    fast = reserve_fast.kept_reserve(blocks, lead_s, quantile, headroom, peak_quantile, final, projected)
+    fast = reserve_fast.kept_reserve(
+        blocks, lead_s, quantile, headroom, peak_quantile, final, projected, NEED_BLOCK_S
+    )
     if fast is not None:  # the newest blocks only, from the sorted final values (same floats)
         return fast
     m = max(math.ceil(lead_s / NEED_BLOCK_S), 1)

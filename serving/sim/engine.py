@@ -98,6 +98,7 @@ from serving.sim.router import (
     LeastLoadedRouter,
     Router,
     RouteRequest,
+    least_loaded_in_id_order,
     make_router,
 )
 from serving.sim.samples import (
@@ -488,15 +489,8 @@ class Simulator:
             pool.pending[role].append(rid)
             return
         if len(ready) > 1:
-            if pool.least_loaded:
-                # LeastLoadedRouter's choice (fewest requests, ties to the lowest instance id): ``ready`` is in
-                # instance-id order (_activate), so the first of the least loaded (a plain loop: cheaper
-                # than min with a key)
-                inst = ready[0]
-                least = inst.load
-                for other in ready:
-                    if other.load < least:
-                        inst, least = other, other.load
+            if pool.least_loaded:  # LeastLoadedRouter's rule, no RouteRequest (``ready`` is in id order)
+                inst = ready[least_loaded_in_id_order(ready)]
             else:
                 req = self.req
                 # positional: a frozen dataclass's keyword construction costs twice as much, once per routing
@@ -537,9 +531,8 @@ class Simulator:
         inst.admitting += 1  # and the gateway counts it against the instance's room
         if routed:
             inst.router_requests_total += 1
-        if (
-            pool.admission_outside > 0.0
-        ):  # that share is outside vLLM's TTFT and e2e (serving.sim.instance doc)
+        # that share is outside vLLM's TTFT and e2e (serving.sim.instance doc)
+        if pool.admission_outside > 0.0:
             self.req.stamp[rid] += pool.admission_outside * delay_ms / 1000.0
         self._push(self.now_s + delay_ms / 1000.0, _EV_ADMIT, rid, inst.index)
         return True

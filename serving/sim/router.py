@@ -139,7 +139,7 @@ class Router(Protocol):
         ...
 
 
-def _least_loaded(candidates: Sequence[Backend], allowed: Sequence[int] | None = None) -> int:
+def least_loaded(candidates: Sequence[Backend], allowed: Sequence[int] | None = None) -> int:
     """Fewest requests; ties to the lowest instance id (the first of equal ids). One pass: this runs per
     routed request."""
     best = -1
@@ -167,11 +167,22 @@ class RoundRobinRouter:
         return n % len(candidates)
 
 
+def least_loaded_in_id_order(candidates: Sequence[Backend]) -> int:
+    """``least_loaded`` for candidates already in instance-id order (the simulator's ready lists, sorted by
+    id): the first of the fewest requests is then the lowest id among them, so the ids need not be compared
+    (one pass, run per routed request)."""
+    best, best_load = 0, candidates[0].load
+    for i, c in enumerate(candidates):
+        if c.load < best_load:
+            best, best_load = i, c.load
+    return best
+
+
 class LeastLoadedRouter:
     name = "least-loaded"
 
     def choose(self, request: RouteRequest, candidates: Sequence[Backend]) -> int:
-        return _least_loaded(candidates)
+        return least_loaded(candidates)
 
 
 class ContextAwareRouter:
@@ -201,10 +212,10 @@ class ContextAwareRouter:
             want_marked = request.prompt_tokens > self.long_context_tokens
         group = [i for i, c in enumerate(candidates) if c.marked == want_marked]
         if not group and want_marked:
-            return _least_loaded(candidates)
+            return least_loaded(candidates)
         if not group:
             group = list(range(len(candidates)))
-        return _least_loaded(candidates, group)
+        return least_loaded(candidates, group)
 
 
 _REGISTRY: dict[str, Callable[[], Router]] = {

@@ -58,7 +58,7 @@ def test_each_new_block_gives_what_the_numpy_path_gives(
     final = LeadPeaks()
     for k in range(20, n + 1):
         view, on = blocks[:k], tuple(x for x in marks if x[0] <= blocks[k - 1][0])
-        fast = reserve_fast.kept_reserve(view, lead_s, q, h, pq, final, on)
+        fast = reserve_fast.kept_reserve(view, lead_s, q, h, pq, final, on, BLOCK)
         assert (fast is not None) == bool(final.ordered)  # taken on every tick after the cache is built
         got, final = stages.burst_reserve_kept(view, lead_s, q, h, pq, final, on)
         want, plain = stages.burst_reserve_kept(view, lead_s, q, h, pq, LeadPeaks(), on)
@@ -72,9 +72,9 @@ def test_negative_zero_need_takes_the_numpy_path() -> None:
     blocks = _blocks(40, 1)
     _, final = stages.burst_reserve_kept(blocks[:-1], 20.0, 0.9, 0.3)
     assert final.ordered  # the cache was built
-    assert reserve_fast.kept_reserve(blocks, 20.0, 0.9, 0.3, None, final, ()) is not None
+    assert reserve_fast.kept_reserve(blocks, 20.0, 0.9, 0.3, None, final, (), BLOCK) is not None
     signed = (*blocks[:-1], (blocks[-1][0], -0.0, blocks[-1][2], 1))
-    assert reserve_fast.kept_reserve(signed, 20.0, 0.9, 0.3, None, final, ()) is None
+    assert reserve_fast.kept_reserve(signed, 20.0, 0.9, 0.3, None, final, (), BLOCK) is None
     # and a cache is not built over final rows holding it
     zeros = tuple((t, -0.0 if i == 2 else p, d, c) for i, (t, p, d, c) in enumerate(blocks))
     assert not stages.burst_reserve_kept(zeros, 20.0, 0.9, 0.3)[1].ordered
@@ -84,11 +84,11 @@ def test_other_marks_headroom_or_lead_take_the_numpy_path() -> None:
     blocks = _blocks(40, 2)
     _, final = stages.burst_reserve_kept(blocks[:-1], 20.0, 0.9, 0.3)
     marked = ((blocks[5][0], math.inf),)  # a kept row's block marked after its rise was kept
-    assert reserve_fast.kept_reserve(blocks, 20.0, 0.9, 0.3, None, final, marked) is None
+    assert reserve_fast.kept_reserve(blocks, 20.0, 0.9, 0.3, None, final, marked, BLOCK) is None
     assert stages.burst_reserve_kept(
         blocks, 20.0, 0.9, 0.3, None, final, marked
     ) == stages.burst_reserve_kept(blocks, 20.0, 0.9, 0.3, None, LeadPeaks(), marked)
-    assert reserve_fast.kept_reserve(blocks, 20.0, 0.9, 0.0, None, final, ()) is None
-    assert reserve_fast.kept_reserve(blocks, 25.0, 0.9, 0.3, None, final, ()) is None
+    assert reserve_fast.kept_reserve(blocks, 20.0, 0.9, 0.0, None, final, (), BLOCK) is None
+    assert reserve_fast.kept_reserve(blocks, 25.0, 0.9, 0.3, None, final, (), BLOCK) is None
     unordered = ((blocks[-1][0], 2.0), (blocks[-2][0], 2.0))
-    assert reserve_fast.kept_reserve(blocks, 20.0, 0.9, 0.3, None, final, unordered) is None
+    assert reserve_fast.kept_reserve(blocks, 20.0, 0.9, 0.3, None, final, unordered, BLOCK) is None

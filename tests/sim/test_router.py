@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serving.sim.router import RouteRequest, make_router, router_names
+from serving.sim.router import RouteRequest, least_loaded_in_id_order, make_router, router_names
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,13 @@ def test_round_robin_cycles_per_stage() -> None:
 def test_least_loaded(loads: list[int], ids: list[str], expected: int) -> None:
     cands = [B(i, load) for i, load in zip(ids, loads, strict=True)]
     assert make_router("least-loaded").choose(req(), cands) == expected
+
+
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=12))
+def test_least_loaded_in_id_order_is_least_loaded_on_sorted_candidates(loads: list[int]) -> None:
+    """The simulator's shortcut (its ready lists are sorted by id) picks what the router picks."""
+    cands = [B(f"pool-decode-{i:03d}", load) for i, load in enumerate(loads)]
+    assert least_loaded_in_id_order(cands) == make_router("least-loaded").choose(req(), cands)
 
 
 @pytest.mark.parametrize(
