@@ -234,7 +234,7 @@ def burstgpt_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
         extra = {"log_type": log_type.astype(np.int8)}
         yield RawChunk(line, t, prompt, output, codes, output == 0, tuple(names), extra=extra)
     if first_s >= EPOCH_MS_SUSPECT_S:
-        F.warn_finer_unit(path, 2, rows, "Timestamp starts", first_s, first_s / 3.156e7,
+        F.warn_finer_unit(path, 2, rows, "Timestamp starts", first_s, first_s,
                           "it looks like epoch milliseconds (or microseconds), not BurstGPT's seconds")  # fmt: skip
     if mismatch:
         msg = f"{mismatch} rows have Total tokens != Request tokens + Response tokens (kept as read)"

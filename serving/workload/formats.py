@@ -52,11 +52,15 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
+SECONDS_PER_YEAR = 3.156e7
+
+
 def warn_finer_unit(
-    path: Path, line: int, rows: int, what: str, first: float, years: float, finer: str
+    path: Path, line: int, rows: int, what: str, first: float, first_s: float, finer: str
 ) -> None:
-    """One ``TraceWarning``: the first time (``first``, ``years`` after 1970 in the format's unit) looks like
-    ``finer`` units (epoch ms/µs written where the format has s/ms): read as written."""
+    """One ``TraceWarning``: the first time (``first`` as written, ``first_s`` seconds in the format's unit)
+    looks like ``finer`` units (epoch ms/µs written where the format has s/ms): read as written."""
+    years = first_s / SECONDS_PER_YEAR
     msg = (
         f"{what} at {first:.6g}: in this format's unit that is {years:,.0f} years after 1970; {finer}: divide "
         "by 1000 (or 1e6), or the trace replays 1000 (1e6) times slower (read as written)"
@@ -174,13 +178,13 @@ def detect_format(path: str | Path) -> str:
 def _refuse_near_header(path: Path, columns: set[str], shown: str) -> None:
     """A header that names a format's columns in quotes or in another case: say what differs (the readers
     match column names exactly and read CSV without quoting, one record per line)."""
+    unquoted = {c.strip().strip('"').strip() for c in columns}
+    lower = {c.lower(): c for c in unquoted}
     for fmt, expected in CSV_COLUMNS.items():
-        unquoted = {c.strip().strip('"').strip() for c in columns}
         if unquoted >= set(expected):
             raise TraceError(path, 1, f"the header names the {fmt!r} columns in double quotes ({shown!r}): "
                              "quoted CSV is not read (one unquoted record per line); remove the quotes, e.g. "
                              f"sed 's/\"//g' {path} > {path.stem}.unquoted{path.suffix}")  # fmt: skip
-        lower = {c.lower(): c for c in unquoted}
         if set(lower) >= {c.lower() for c in expected}:
             renames = [f"{lower[c.lower()]!r} -> {c!r}" for c in expected if lower[c.lower()] != c]
             raise TraceError(path, 1, f"the header names the {fmt!r} columns in another case: column names "

@@ -112,7 +112,7 @@ def mooncake_chunks(path: Path, chunk_rows: int) -> Iterator[RawChunk]:
     if rows == 0:
         raise TraceError(path, None, "empty file: only blank lines, no records")
     if lo_ms >= EPOCH_US_SUSPECT_MS:
-        F.warn_finer_unit(path, 1, rows, "timestamps start", lo_ms, lo_ms / 3.156e10,
+        F.warn_finer_unit(path, 1, rows, "timestamps start", lo_ms, lo_ms / 1000.0,
                           "they look like epoch microseconds (or nanoseconds), not Mooncake's milliseconds")  # fmt: skip
     span_s = (hi_ms - lo_ms) / 1000.0
     if rows >= SECONDS_SUSPECT_MIN_ROWS and rows > SECONDS_SUSPECT_RPS * span_s:

@@ -87,7 +87,7 @@ def _in_order(raws: Iterator[RawChunk], path: Path, fmt: str, max_reorder_s: flo
             raise time_error(
                 raw.first_line + i,
                 f"arrival {t[i] - first:.6g} s after the first row's, more than {MAX_SPAN_S:.0e} s "
-                f"({MAX_SPAN_S / 3.156e7:.0f} years)",
+                f"({MAX_SPAN_S / F.SECONDS_PER_YEAR:.0f} years)",
                 f": not a time in this format's unit ({TIME_UNIT[fmt]}); check the column's unit",
             )
         before = np.maximum.accumulate(np.concatenate(([latest], t[:-1])))
