@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_validate_repeat import SLICES, _paths, ttft_split  # noqa: E402
-from serving.sim.cpu_tiny_measure import read_outside  # noqa: E402
+from serving.sim.cpu_tiny_measure import parse_outside  # noqa: E402
 from serving.sim.validate import (  # noqa: E402
     CALIBRATED,
     CALIBRATED_OUTSIDE,
@@ -47,10 +46,7 @@ VARIANTS = (
 
 def outside_table(csv_text: str) -> dict[str, Any]:
     """Median outside (ms) of the lone rows, and mean outside per loaded concurrency (with its in-flight mean)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "outside.csv"
-        path.write_text(csv_text)
-        rows = read_outside(path)
+    rows = parse_outside(csv_text, "the recorded outside rows")
     out = rows["client_ttft_mean_ms"] - rows["server_ttft_mean_ms"]
     lone = rows["kind"] == "lone"
     table: dict[str, Any] = {

@@ -637,17 +637,22 @@ def write_outside_csv(rows: list[OutsideRow], path: Path, command: str, load: st
 
 
 def read_outside(path: Path) -> dict[str, np.ndarray]:
-    """An outside CSV as columns (comment lines skipped); errors name the file."""
-    with path.open() as f:
-        lines = [line for line in f if line.strip() and not line.startswith("#")]
+    """An outside CSV file as columns (``parse_outside``); errors name the file."""
+    return parse_outside(path.read_text(), str(path))
+
+
+def parse_outside(text: str, where: str) -> dict[str, np.ndarray]:
+    """An outside CSV's text (as written by the calibration, comment lines skipped) as columns; errors name
+    ``where`` (the file, or the recording it was stored in)."""
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     reader = csv.reader(lines)
     head = next(reader, None)
     if head is None or tuple(head) != OUTSIDE_COLUMNS:
-        raise ValueError(f"{path}: header {head} is not {list(OUTSIDE_COLUMNS)}")
+        raise ValueError(f"{where}: header {head} is not {list(OUTSIDE_COLUMNS)}")
     rows = list(reader)
     cols = {c: [r[i] for r in rows] for i, c in enumerate(OUTSIDE_COLUMNS)}
     try:
         out = {c: np.asarray(v, dtype=np.float64) for c, v in cols.items() if c != "kind"}
     except ValueError as exc:
-        raise ValueError(f"{path}: a numeric column holds a non-number: {exc}") from None
+        raise ValueError(f"{where}: a numeric column holds a non-number: {exc}") from None
     return out | {"kind": np.asarray(cols["kind"])}

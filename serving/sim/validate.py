@@ -547,19 +547,15 @@ def outside_variants(calibration: dict[str, Any]) -> dict[str, Any] | None:
     """From a recorded calibration with outside rows (``calibration["outside"]["csv"]``): the fit
     (``cpu_tiny_fit.fit_client_outside``, least absolute deviations; the least-squares one as ``mean_fit``), the
     overhead share it implies at the lone rows' mean prompt, and per variant key the profile (the calibrated one;
-    with the share set for ``CALIBRATED_OUTSIDE_SHARE``) and its ``ClientOutside``. None when the recording has no outside rows (session 8's)."""
-    import tempfile
-
+    with the share set for ``CALIBRATED_OUTSIDE_SHARE``) and its ``ClientOutside``. None when the recording has
+    no outside rows (session 8's)."""
     from serving.sim.cpu_tiny_fit import OUTSIDE_TERMS, fit_client_outside, overhead_outside_share
-    from serving.sim.cpu_tiny_measure import read_outside
+    from serving.sim.cpu_tiny_measure import parse_outside
 
     text = (calibration.get("outside") or {}).get("csv")
     if not isinstance(text, str):
         return None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "outside.csv"
-        path.write_text(text)
-        rows = read_outside(path)
+    rows = parse_outside(text, "the recorded calibration's outside rows")
     fit = fit_client_outside(rows)
     mean_fit = fit_client_outside(rows, loss="mean")
     profile = calibration["profile"]
