@@ -36,6 +36,7 @@ import importlib.util
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,7 @@ def bench_numpy_against(n: int, ticks: int, checkpoint: Path, other: Path, seed:
     if spec is None or spec.loader is None:
         raise SystemExit(f"--against {other}: no forecaster/inference.py there")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # a dataclass there resolves its annotations through its module
     spec.loader.exec_module(mod)
     engines = {
         "this": NumpyLearnedForecaster.load(checkpoint),

@@ -186,12 +186,16 @@ class StreamingBase:
 
 @dataclass
 class RingState:
-    """:class:`NumpyNet`'s per-node state, feature-major (nodes along the last, contiguous axis: each batched
-    product is one matrix product and each element-wise stage runs over whole rows): LSTM ``h``/``c``
-    ``[layers, H, N]``, the rings of attention keys ``[heads, window, head_dim, N]`` and values ``[heads,
-    head_dim, window, N]`` (the orders in which numpy's einsum contracts them fastest), steps consumed
-    per node ``[N]``, the baseline skip's EWMA sums ``[N, 2K, J]`` (empty when off), and ``scratch``: the
-    step's preallocated work arrays (not state; :meth:`keep` leaves them)."""
+    """:class:`NumpyNet`'s per-node state, feature-major in blocks of nodes (see :meth:`NumpyNet.layout`):
+    node ``n`` is column ``n % block`` of block ``n // block``, the nodes along each array's last, contiguous
+    axis, so each batched product is one matrix product per block and each element-wise stage runs over
+    whole rows. LSTM ``h``/``c`` ``[blocks, layers, H, block]``; the rings of attention keys and values, in
+    the order each contraction reads them fastest: for the blocked layout keys ``[blocks, heads, window,
+    head_dim, block]`` and values ``[blocks, heads, head_dim, window, block]`` (numpy's einsum), for the
+    small-N layout (one block, ``small``) node-major keys ``[N, heads, head_dim, window]`` and values ``[N,
+    heads, window, head_dim]`` (stacked matrix products); steps consumed per column ``[blocks * block]``
+    (padding columns start at ``window``), the baseline skip's EWMA sums ``[N, 2K, J]`` (empty when off), and
+    ``scratch``: one block's preallocated work arrays (not state; :meth:`keep` leaves them)."""
 
     h: np.ndarray
     c: np.ndarray
@@ -199,40 +203,72 @@ class RingState:
     v: np.ndarray
     count: np.ndarray
     base: np.ndarray
+    small: bool
     scratch: _Scratch
 
+    @property
+    def block(self) -> int:
+        return int(self.h.shape[-1])
+
+    def _nodes(self, nodes: np.ndarray) -> tuple[Any, ...]:
+        """Index of these nodes in ``h`` and ``c`` (and the blocked rings): nodes first, then per-node axes."""
+        b = max(self.block, 1)
+        return (nodes // b, Ellipsis, nodes % b)
+
+    def _ring_nodes(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """These nodes' keys ``[nodes, heads, window, head_dim]`` and values ``[nodes, heads, head_dim,
+        window]``, whatever the layout (views for the node-major one, copies for the blocked one)."""
+        if self.small:
+            return self.k[nodes].swapaxes(-1, -2), self.v[nodes].swapaxes(-1, -2)
+        at = self._nodes(nodes)
+        return self.k[at], self.v[at]
+
     def keep(self, old: RingState, dst: np.ndarray, src: np.ndarray) -> None:
-        self.h[..., dst], self.c[..., dst] = old.h[..., src], old.c[..., src]
-        self.k[..., dst], self.v[..., dst] = old.k[..., src], old.v[..., src]
+        to, frm = self._nodes(dst), old._nodes(src)
+        self.h[to], self.c[to] = old.h[frm], old.c[frm]
+        k, v = old._ring_nodes(src)
+        if self.small:
+            self.k[dst], self.v[dst] = k.swapaxes(-1, -2), v.swapaxes(-1, -2)
+        else:
+            self.k[to], self.v[to] = k, v
         self.count[dst], self.base[dst] = old.count[src], old.base[src]
 
 
 class _Scratch:
-    """One step's work arrays for ``n`` nodes, allocated with the state, so a tick allocates only small ones.
+    """One block's work arrays (``b`` nodes), allocated with the state, so a tick allocates only small ones.
 
-    Each product's input ends in a row of ones: the bias is the weight matrix's last column."""
+    Each product's input ends in a row of ones: the bias is the weight matrix's last column. The trunk's
+    input is ``[attention; o; 1]``, so ``top`` (``[o; 1]``, the input of q/k/v) is a view of it."""
 
-    def __init__(self, net: NumpyNet, n: int) -> None:
+    def __init__(self, net: NumpyNet, b: int, blocks: int, small: bool) -> None:
         cfg, dt, hd = net.config, net.dtype, net.config.hidden
+        nh, dh, w = net.heads, net.head_dim, cfg.window
 
         def with_ones(rows: int) -> np.ndarray:
-            a = np.empty((rows + 1, n), dt)
+            a = np.zeros((rows + 1, b), dt)
             a[rows] = 1.0
             return a
 
         self.lstm_in = [with_ones(i + hd) for i in [cfg.n_inputs] + [hd] * (cfg.layers - 1)]  # [x; h; 1]
-        self.gates = np.empty((4 * hd, n), dt)
-        self.work = (np.empty((hd, n), dt), np.empty((hd, n), dt), np.empty((hd, n), dt))
-        self.top = with_ones(hd)  # [o; 1] → q, k, v
-        self.qkv = np.empty((3 * hd, n), dt)
-        self.scores = np.empty((net.heads, cfg.window, n), dt)
-        self.score_max = np.empty((net.heads, 1, n), dt)
-        self.score_sum = np.empty((net.heads, 1, n), dt)
-        self.att = with_ones(hd)  # [attention; 1] → o_proj
-        self.trunk_in = with_ones(2 * hd)  # [o; o_proj(attention); 1] → trunk
+        self.gates = np.empty((4 * hd, b), dt)
+        self.work = (np.empty((hd, b), dt), np.empty((hd, b), dt), np.empty((hd, b), dt))
+        self.trunk_in = with_ones(2 * hd)  # [attention; o; 1] → trunk (o_proj folded into its weights)
+        self.top = self.trunk_in[hd:]  # [o; 1] → q, k, v
+        self.att = self.trunk_in[:hd]
+        self.qkv = np.empty((3 * hd, b), dt)
+        if small:  # node-major attention: stacked products over [N, heads, 1, ·]
+            self.q = np.empty((b, nh, 1, dh), dt)
+            self.scores = np.empty((b, nh, 1, w), dt)
+            self.score_max = np.empty((b, nh, 1, 1), dt)
+            self.score_sum = np.empty((b, nh, 1, 1), dt)
+            self.att_nodes = np.empty((b, nh, 1, dh), dt)
+        else:
+            self.scores = np.empty((nh, w, b), dt)
+            self.score_max = np.empty((nh, 1, b), dt)
+            self.score_sum = np.empty((nh, 1, b), dt)
         self.trunk = with_ones(hd)  # [GELU(trunk); 1] → heads
-        self.positive = np.empty((hd, n), bool)
-        self.out = np.empty((cfg.n_targets * len(cfg.quantiles) + 1, n), dt)
+        self.positive = np.empty((hd, b), bool)
+        self.out = np.empty((blocks, cfg.n_targets * len(cfg.quantiles) + 1, b), dt)  # every block's heads
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -285,12 +321,22 @@ def _softplus(x: np.ndarray) -> np.ndarray:
     return out
 
 
+# Nodes per block (above DEFAULT_SMALL_N): one block's work arrays (~5.6 KB a node at the default size: gates,
+# scores, GELU temporaries) stay in the last-level cache while the rings stream through it, instead of ~56 MB
+# at 10,000 nodes. Up to DEFAULT_SMALL_N nodes the node-major rings' stacked products beat numpy's einsum,
+# whose inner loops run over the nodes. Both measured in docs/BENCHMARKS.md (s10n).
+DEFAULT_BLOCK = 1024
+DEFAULT_SMALL_N = 64
+
+
 class NumpyNet:
     """``LstmAttentionNet``'s streaming step in numpy, from its ``state_dict`` weights (float32 by default).
 
     ``dtype=np.float64`` computes in double precision from the same float32 weights. The step is feature-major
-    (:class:`RingState`): per tick, one matrix product per LSTM layer, one for q/k/v, o_proj, the trunk and
-    the heads each, element-wise stages in place, and the attention as two contractions over the ring.
+    in blocks of nodes (:class:`RingState`, :meth:`layout`): per tick and block, one matrix product per LSTM
+    layer, one for q/k/v, the trunk (``o_proj`` folded in) and the heads each, element-wise stages in place,
+    and the attention as two contractions over the ring. ``block``: nodes per block (above ``small_n``);
+    ``small_n``: up to this many nodes, one block with node-major rings.
     """
 
     def __init__(
@@ -299,7 +345,12 @@ class NumpyNet:
         config: NetConfig,
         *,
         dtype: type[np.floating[Any]] = np.float32,
+        block: int = DEFAULT_BLOCK,
+        small_n: int = DEFAULT_SMALL_N,
     ) -> None:
+        if block < 1 or small_n < 0:
+            raise ValueError(f"NumpyNet: block must be >= 1 and small_n >= 0, got {block} and {small_n}")
+        self.block, self.small_n = block, small_n
         expected = parameter_shapes(config)
         got = {k: tuple(np.shape(v)) for k, v in weights.items()}
         if got != expected:
@@ -317,11 +368,11 @@ class NumpyNet:
             return np.ascontiguousarray(np.concatenate([weight, bias[:, None]], axis=1))
 
         # Each LSTM layer as one product [W_ih, W_hh, b_ih + b_hh] @ [x; h; 1], its rows reordered from PyTorch's
-        # gates (i, f, g, o) to (i, f, o, g) so the three logistic gates are one block, and that block negated
-        # (exact): 1 / (1 + exp(·)) of it is their logistic function.
+        # gates (i, f, g, o) to (i, f, o, g), the logistic gates negated and g's rows times -2 (both exact), so
+        # one pass of 1 / (1 + exp(·)) gives σ(i), σ(f), σ(o) and σ(2g), and tanh(g) = 2σ(2g) - 1.
         order = np.r_[0 : 2 * hd, 3 * hd : 4 * hd, 2 * hd : 3 * hd]
-        sign = np.where(np.arange(4 * hd) < 3 * hd, -1.0, 1.0).astype(self.dtype)[:, None]
-        self._lstm = [
+        sign = np.where(np.arange(4 * hd) < 3 * hd, -1.0, -2.0).astype(self.dtype)[:, None]
+        self._lstm_w = [
             sign
             * affine(
                 np.concatenate([w(f"lstm.weight_ih_l{i}"), w(f"lstm.weight_hh_l{i}")], 1),
@@ -335,8 +386,16 @@ class NumpyNet:
             np.concatenate([w("q_proj.weight") * q_scale, w("k_proj.weight"), w("v_proj.weight")]),
             np.concatenate([w("q_proj.bias") * q_scale, w("k_proj.bias"), w("v_proj.bias")]),
         )
-        self._o = affine(w("o_proj.weight"), w("o_proj.bias"))
-        self._trunk = affine(w("trunk.0.weight"), w("trunk.0.bias"))
+        # the trunk on [attention; o; 1] with o_proj folded in (products in float64, then rounded):
+        # W_t [o; W_o a + b_o] + b_t = [W_t,2 W_o, W_t,1, W_t,2 b_o + b_t] @ [a; o; 1]
+        wt, bt, wo, bo = (
+            np.asarray(weights[k], np.float64)
+            for k in ("trunk.0.weight", "trunk.0.bias", "o_proj.weight", "o_proj.bias")
+        )
+        self._trunk = affine(
+            np.concatenate([wt[:, hd:] @ wo, wt[:, :hd]], axis=1).astype(self.dtype),
+            (wt[:, hd:] @ bo + bt).astype(self.dtype),
+        )
         # the quantile and burst heads as one product: the last row is the burst logit
         self._out = affine(
             np.concatenate([w("quantile_head.weight"), w("burst_head.weight")]),
@@ -353,17 +412,31 @@ class NumpyNet:
             self._base_mask_cols, self._base_has_mask = np.maximum(masks, 0), masks >= 0
             self._base_w, self._base_b = w("baseline_weight"), w("baseline_bias")
 
+    def layout(self, n: int) -> tuple[int, int, bool]:
+        """How ``n`` nodes are stepped: ``(blocks, block, small)``. Up to ``small_n`` nodes, one block with the
+        node-major rings (stacked products: numpy's einsum runs its inner loops over the nodes, slow when
+        they are few); above, ``ceil(n / block)`` blocks of equal size (the last padded), so one block's
+        work arrays stay in the core's cache while the rings stream through it."""
+        if n <= self.small_n:
+            return 1, n, True
+        blocks = -(-n // self.block)
+        return blocks, -(-n // blocks), False
+
     def new_state(self, n: int) -> RingState:
         cfg, dt = self.config, self.dtype
         nh, dh, w = self.heads, self.head_dim, cfg.window
+        blocks, b, small = self.layout(n)
+        count = np.full(blocks * b, w, np.int64)  # padding columns: as if full, never masked
+        count[:n] = 0
         return RingState(
-            h=np.zeros((cfg.layers, cfg.hidden, n), dt),
-            c=np.zeros((cfg.layers, cfg.hidden, n), dt),
-            k=np.zeros((nh, w, dh, n), dt),
-            v=np.zeros((nh, dh, w, n), dt),
-            count=np.zeros(n, np.int64),
+            h=np.zeros((blocks, cfg.layers, cfg.hidden, b), dt),
+            c=np.zeros((blocks, cfg.layers, cfg.hidden, b), dt),
+            k=np.zeros((n, nh, dh, w) if small else (blocks, nh, w, dh, b), dt),
+            v=np.zeros((n, nh, w, dh) if small else (blocks, nh, dh, w, b), dt),
+            count=count,
             base=np.zeros((n, 2 * cfg.n_targets if self.n_baselines else 0, self.n_baselines), dt),
-            scratch=_Scratch(self, n),
+            small=small,
+            scratch=_Scratch(self, b, blocks, small),
         )
 
     def step(self, state: RingState, z: np.ndarray, tick: int) -> tuple[np.ndarray, np.ndarray]:
@@ -373,61 +446,98 @@ class NumpyNet:
             return self._step(state, z, tick)
 
     def _step(self, state: RingState, z: np.ndarray, tick: int) -> tuple[np.ndarray, np.ndarray]:
-        s, hd, n = state.scratch, self.config.hidden, z.shape[0]
-        s.lstm_in[0][: self.config.n_inputs] = z.T
-        for layer, weight in enumerate(self._lstm):
-            x_h = s.lstm_in[layer]
-            x_h[-1 - hd : -1] = state.h[layer]
-            np.matmul(weight, x_h, out=s.gates)  # [-i, -f, -o, g]
-            sig, g = s.gates[: 3 * hd], s.gates[3 * hd :]
-            _recip_1p_exp_(sig)  # σ(i), σ(f), σ(o)
-            np.tanh(g, out=g)
-            c = state.c[layer]
-            c *= sig[hd : 2 * hd]
-            g *= sig[:hd]
-            c += g
-            tanh_c = s.work[0]
-            np.tanh(c, out=tanh_c)
-            np.multiply(sig[2 * hd :], tanh_c, out=state.h[layer])
-            nxt = s.lstm_in[layer + 1] if layer + 1 < len(self._lstm) else s.top
-            nxt[:hd] = state.h[layer]
-        self._attend(state, tick)
-        np.matmul(self._o, s.att, out=s.trunk_in[hd : 2 * hd])
-        s.trunk_in[:hd] = s.top[:hd]
-        trunk_pre = s.work[2]
-        np.matmul(self._trunk, s.trunk_in, out=trunk_pre)
-        _gelu(trunk_pre, s.trunk[:hd], s.work, s.positive)
-        np.matmul(self._out, s.trunk, out=s.out)
+        s, hd, n, b = state.scratch, self.config.hidden, z.shape[0], state.block
+        state.count += 1
+        for blk in range(s.out.shape[0]):
+            lo = blk * b
+            m = min(b, n - lo)  # the last block's padding columns keep the previous block's (finite) values
+            s.lstm_in[0][: self.config.n_inputs, :m] = z[lo : lo + m].T
+            self._lstm(state, blk)
+            if state.small:
+                self._attend_small(state, tick)
+            else:
+                self._attend(state, blk, tick)
+            trunk_pre = s.work[2]
+            np.matmul(self._trunk, s.trunk_in, out=trunk_pre)
+            _gelu(trunk_pre, s.trunk[:hd], s.work, s.positive)
+            np.matmul(self._out, s.trunk, out=s.out[blk])
         k, nq = self.n_targets, self.n_quantiles
-        raw = s.out[: k * nq].reshape(k, nq, n).transpose(2, 0, 1).copy()  # [N, K, Q]
+        out = s.out[0] if s.out.shape[0] == 1 else s.out.transpose(1, 0, 2).reshape(k * nq + 1, -1)
+        raw = out[: k * nq, :n].reshape(k, nq, n).transpose(2, 0, 1).copy()  # [N, K, Q]
         if self.n_baselines:
             raw[..., 0] += self._baseline_offset(state, x=np.asarray(z, dtype=self.dtype))
         if nq > 1:
             raw[..., 1:] = raw[..., :1] + np.cumsum(_softplus(raw[..., 1:]), axis=-1)
-        return raw, s.out[-1].copy()
+        return raw, out[-1, :n].copy()
 
-    def _attend(self, state: RingState, tick: int) -> None:
-        """q, k, v of the top layer's output (in ``scratch.top``); k, v into ring slot ``tick % window``;
-        softmax attention of q over the ring → ``scratch.att[:H]`` (before ``o_proj``)."""
+    def _lstm(self, state: RingState, blk: int) -> None:
+        """The stacked LSTM's step for block ``blk`` (its inputs in ``scratch.lstm_in[0]``) → ``scratch.top``."""
+        s, hd = state.scratch, self.config.hidden
+        h, c = state.h[blk], state.c[blk]
+        for layer, weight in enumerate(self._lstm_w):
+            x_h = s.lstm_in[layer]
+            x_h[-1 - hd : -1] = h[layer]
+            np.matmul(weight, x_h, out=s.gates)  # [-i, -f, -o, -2g]
+            _recip_1p_exp_(s.gates)  # σ(i), σ(f), σ(o), σ(2g): one pass for all four
+            i_g, f_g, o_g, g = (s.gates[j * hd : (j + 1) * hd] for j in range(4))
+            g *= 2.0
+            g -= 1.0  # tanh(g) = 2σ(2g) - 1
+            g *= i_g
+            c_l = c[layer]
+            c_l *= f_g
+            c_l += g
+            tanh_c = s.work[0]
+            np.tanh(c_l, out=tanh_c)
+            nxt = s.lstm_in[layer + 1] if layer + 1 < len(self._lstm_w) else s.top
+            np.multiply(o_g, tanh_c, out=nxt[:hd])
+            h[layer] = nxt[:hd]
+
+    def _attend(self, state: RingState, blk: int, tick: int) -> None:
+        """q, k, v of the top layer's output (``scratch.top``); k, v into ring slot ``tick % window`` of block
+        ``blk``; softmax attention of q over the ring → ``scratch.att`` (before ``o_proj``)."""
         s, hd, w = state.scratch, self.config.hidden, self.config.window
-        nh, dh, n = self.heads, self.head_dim, state.count.shape[0]
+        nh, dh, b = self.heads, self.head_dim, state.block
         np.matmul(self._qkv, s.top, out=s.qkv)
         slot = tick % w
-        state.k[:, slot] = s.qkv[hd : 2 * hd].reshape(nh, dh, n)
-        state.v[:, :, slot] = s.qkv[2 * hd :].reshape(nh, dh, n)
-        state.count += 1
+        keys, values = state.k[blk], state.v[blk]
+        keys[:, slot] = s.qkv[hd : 2 * hd].reshape(nh, dh, b)
+        values[:, :, slot] = s.qkv[2 * hd :].reshape(nh, dh, b)
         scores = s.scores
-        np.einsum("hdn,htdn->htn", s.qkv[:hd].reshape(nh, dh, n), state.k, out=scores)
-        if n and int(state.count.min()) < w:  # some node has not filled its ring yet
+        np.einsum("hdn,htdn->htn", s.qkv[:hd].reshape(nh, dh, b), keys, out=scores)
+        count = state.count[blk * b : (blk + 1) * b]
+        if int(count.min()) < w:  # some node has not filled its ring yet
             age = (slot - np.arange(w)) % w  # 0 = written now, w-1 = oldest
-            np.copyto(scores, -np.inf, where=age[:, None] >= state.count[None, :])
+            np.copyto(scores, -np.inf, where=age[:, None] >= count[None, :])
         np.max(scores, axis=1, keepdims=True, out=s.score_max)
         scores -= s.score_max
         np.exp(scores, out=scores)
         np.sum(scores, axis=1, keepdims=True, out=s.score_sum)
-        att = s.att[:hd].reshape(nh, dh, n)
-        np.einsum("htn,hdtn->hdn", scores, state.v, out=att)
+        att = s.att.reshape(nh, dh, b)
+        np.einsum("htn,hdtn->hdn", scores, values, out=att)
         att /= s.score_sum
+
+    def _attend_small(self, state: RingState, tick: int) -> None:
+        """:meth:`_attend` for the node-major rings (one block): the contractions as stacked products."""
+        s, hd, w = state.scratch, self.config.hidden, self.config.window
+        nh, dh, n = self.heads, self.head_dim, state.block
+        np.matmul(self._qkv, s.top, out=s.qkv)
+        qkv = s.qkv.reshape(3, nh, dh, n).transpose(0, 3, 1, 2)  # [q/k/v, N, heads, head_dim]
+        slot = tick % w
+        state.k[..., slot] = qkv[1]
+        state.v[:, :, slot] = qkv[2]
+        s.q[:, :, 0] = qkv[0]
+        scores = s.scores
+        np.matmul(s.q, state.k, out=scores)  # [N, heads, 1, window]
+        if n and int(state.count.min()) < w:
+            age = (slot - np.arange(w)) % w
+            np.copyto(scores, -np.inf, where=age >= state.count[:, None, None, None])
+        np.max(scores, axis=-1, keepdims=True, out=s.score_max)
+        scores -= s.score_max
+        np.exp(scores, out=scores)
+        np.sum(scores, axis=-1, keepdims=True, out=s.score_sum)
+        np.matmul(scores, state.v, out=s.att_nodes)  # [N, heads, 1, head_dim]
+        s.att_nodes /= s.score_sum
+        s.att[...] = s.att_nodes.reshape(n, hd).T
 
     def _baseline_offset(self, state: RingState, x: np.ndarray) -> np.ndarray:
         """Advance the baseline skip's EWMA sums with this step's inputs → the offset per target ``[N, K]``

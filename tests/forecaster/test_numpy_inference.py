@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from forecaster.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from forecaster.features import DEFAULT_SCHEMA, Normalizer, encode_inputs
-from forecaster.inference import NumpyLearnedForecaster, NumpyNet
+from forecaster.inference import DEFAULT_BLOCK, DEFAULT_SMALL_N, NumpyLearnedForecaster, NumpyNet
 from forecaster.netconfig import NetConfig, parameter_shapes
 from forecaster.network import LstmAttentionNet
 from forecaster.streaming import LearnedForecaster
@@ -69,8 +69,15 @@ def _net(cfg: NetConfig, seed: int) -> LstmAttentionNet:
     return net.eval()
 
 
-def _numpy(net: LstmAttentionNet) -> NumpyNet:
-    return NumpyNet({k: v.numpy() for k, v in net.state_dict().items()}, net.config)
+def _numpy(net: LstmAttentionNet, layout: tuple[int, int] = (DEFAULT_BLOCK, DEFAULT_SMALL_N)) -> NumpyNet:
+    block, small_n = layout
+    weights = {k: v.numpy() for k, v in net.state_dict().items()}
+    return NumpyNet(weights, net.config, block=block, small_n=small_n)
+
+
+# (block, small_n): the default; blocks of 2 (several blocks, the last padded when N is odd) and of 3 (the
+# node-major rings up to one node)
+LAYOUTS = st.sampled_from([(DEFAULT_BLOCK, DEFAULT_SMALL_N), (2, 0), (3, 1)])
 
 
 @pytest.mark.parametrize("skip", [False, True], ids=["plain", "baseline-skip"])
@@ -91,11 +98,12 @@ def test_parameter_shapes_are_the_torch_state_dict(
     layers=st.integers(1, 2),
     heads=st.sampled_from([1, 2, 4]),
     skip=st.booleans(),
-    n=st.integers(1, 4),
+    n=st.integers(1, 5),
     seed=st.integers(0, 2**16),
+    layout=LAYOUTS,
 )
 def test_numpy_step_equals_the_windowed_forward_and_torch_streaming(
-    window: int, t: int, layers: int, heads: int, skip: bool, n: int, seed: int
+    window: int, t: int, layers: int, heads: int, skip: bool, n: int, seed: int, layout: tuple[int, int]
 ) -> None:
     net = _net(_config(window, layers, heads, skip, (0.5, 0.9)), seed)
     z = np.random.default_rng(seed).standard_normal((n, t, DEFAULT_SCHEMA.n_inputs)).astype(np.float32)
@@ -104,7 +112,7 @@ def test_numpy_step_equals_the_windowed_forward_and_torch_streaming(
         full = net(torch.from_numpy(z))  # the windowed (training) forward
     stream = LearnedForecaster(net, DEFAULT_SCHEMA, Normalizer.identity(), 5.0, "t")
     stream.reset([str(i) for i in range(n)])
-    npn = _numpy(net)
+    npn = _numpy(net, layout)
     state = npn.new_state(n)
     for i in range(t):
         q, logit = npn.step(state, z[:, i], i)
@@ -130,12 +138,19 @@ def _raw(rng: np.random.Generator, n: int, t: int, p_missing: float) -> tuple[np
     outage=st.tuples(st.integers(0, 30), st.integers(0, 15)),
     churn=st.lists(st.sets(st.sampled_from("abcdef"), min_size=1, max_size=5), min_size=1, max_size=4),
     skip=st.booleans(),
+    layout=st.sampled_from([(DEFAULT_BLOCK, DEFAULT_SMALL_N), (2, 2)]),
 )
 def test_numpy_forecaster_equals_the_torch_forecaster_with_masks_nans_and_node_changes(
-    seed: int, p_missing: float, outage: tuple[int, int], churn: list[set[str]], skip: bool
+    seed: int,
+    p_missing: float,
+    outage: tuple[int, int],
+    churn: list[set[str]],
+    skip: bool,
+    layout: tuple[int, int],
 ) -> None:
     """Through ``step`` on raw channels: NaN and masked inputs, an outage longer than the window (NaN
-    forecasts, the same in both), and the node set changing every 10 steps (``ensure_nodes``)."""
+    forecasts, the same in both), and the node set changing every 10 steps (``ensure_nodes``; with blocks
+    of 2 above 2 nodes, also between the node-major and the blocked layout)."""
     rng = np.random.default_rng(seed)
     cfg = _config(6, 2, 2, skip, (0.5, 0.9))
     net = _net(cfg, seed)
@@ -145,7 +160,7 @@ def test_numpy_forecaster_equals_the_torch_forecaster_with_masks_nans_and_node_c
     x[~mask] = np.nan
     y = rng.gamma(2.0, 50.0, size=(6, 40, len(TARGETS)))
     nz = Normalizer.fit(x, mask, y) if mask.any() else Normalizer.identity()
-    ours = NumpyLearnedForecaster(_numpy(net), DEFAULT_SCHEMA, nz, 5.0, "m")
+    ours = NumpyLearnedForecaster(_numpy(net, layout), DEFAULT_SCHEMA, nz, 5.0, "m")
     ref = LearnedForecaster(net, DEFAULT_SCHEMA, nz, 5.0, "m")
     rows = {nid: i for i, nid in enumerate("abcdef")}
     for i in range(40):
@@ -187,6 +202,29 @@ def test_numpy_net_rejects_weights_that_do_not_match() -> None:
     weights["q_proj.weight"] = np.zeros((3, 3), np.float32)
     with pytest.raises(ValueError, match=r"burst_head\.bias: missing.*q_proj\.weight: \(3, 3\) != \(8, 8\)"):
         NumpyNet(weights, cfg)
+
+
+@pytest.mark.parametrize(
+    ("n", "block", "small_n", "want"),
+    [
+        pytest.param(0, 1024, 64, (1, 0, True), id="no-nodes"),
+        pytest.param(64, 1024, 64, (1, 64, True), id="small"),
+        pytest.param(65, 1024, 64, (1, 65, False), id="one-block"),
+        pytest.param(1025, 1024, 64, (2, 513, False), id="two-equal-blocks"),
+        pytest.param(10_000, 1024, 64, (10, 1000, False), id="ten-blocks"),
+        pytest.param(5, 2, 0, (3, 2, False), id="padded"),
+    ],
+)
+def test_layout_splits_nodes_into_equal_blocks(
+    n: int, block: int, small_n: int, want: tuple[int, int, bool]
+) -> None:
+    net = _numpy(_net(_config(4, 1, 2, False, (0.5, 0.9)), 0), (block, small_n))
+    blocks, size, small = net.layout(n)
+    assert (blocks, size, small) == want
+    assert blocks * size >= n and (n == 0 or (blocks - 1) * size < n)  # less than one block of padding
+    state = net.new_state(n)
+    assert state.count.shape == (blocks * size,) and not state.count[:n].any()
+    assert (state.count[n:] == net.config.window).all()  # padding columns never mask their scores
 
 
 def _tiny_checkpoint(path: Path) -> None:
