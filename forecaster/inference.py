@@ -321,8 +321,8 @@ def _softplus(x: np.ndarray) -> np.ndarray:
     return out
 
 
-# Nodes per block (above DEFAULT_SMALL_N): one block's work arrays (~5.6 KB a node at the default size: gates,
-# scores, GELU temporaries) stay in the last-level cache while the rings stream through it, instead of ~56 MB
+# Nodes per block (above DEFAULT_SMALL_N): one block's work arrays (~5.3 KB a node at the default size: gates,
+# scores, GELU temporaries) stay in the last-level cache while the rings stream through it, instead of ~53 MB
 # at 10,000 nodes. Up to DEFAULT_SMALL_N nodes the node-major rings' stacked products beat numpy's einsum,
 # whose inner loops run over the nodes. Both measured in docs/BENCHMARKS.md (s10n).
 DEFAULT_BLOCK = 1024
