@@ -36,6 +36,18 @@ class PolicyConfig(BaseModel):
     headroom: float = Field(
         0.3, ge=0.0, le=5.0, description="extra capacity over the p90 forecast (seed: 30 %)"
     )
+    headroom_decode: float | None = Field(
+        None,
+        ge=0.0,
+        le=5.0,
+        description=(
+            "decode's headroom, in stage 2 and on the burst reserve's level (None = headroom, the default)."
+            " Decode's need is Little's law at the ITL SLO's per-sequence rate on the arrival p90, a bound with"
+            " margin already (measured running sequences 0.15-0.63 x of it), so the headroom on top is margin"
+            " on a margin; prefill keeps the headroom (its 5-s mean misses sub-block spikes). Opt-in: measured"
+            " in docs/BENCHMARKS.md, 'Where the cost above the oracle sits (s10c)'"
+        ),
+    )
     buffer_multiplier: float = Field(
         2.0, ge=0.0, le=10.0, description="decode sequence capacity reserved, × current load (seed: 2.0)"
     )
