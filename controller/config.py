@@ -349,7 +349,7 @@ class PolicyConfig(BaseModel):
             " queue lifts the wait; 0 = every tick's target starts capacity (session 3's rule). 5 s (one need"
             " block) until session 10; 30 s since (docs/BENCHMARKS.md, 'Where the cost above the SLO-matched"
             " oracle sits', s10c): -5.2 % GPU-s on the Azure code trace, -5.9 % on mmpp-diurnal, -0.3 to -4.1 %"
-            " on eight more rows, no row lower by more than 0.01 SLO points; 60 s cost code 0.11 points"
+            " on eight more rows, no row lower by more than 0.01 SLO points; 45 s cost code 0.11 points"
         ),
     )
     cold_start_persist_decode: bool = Field(
