@@ -74,7 +74,9 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         need, why_drain = stages.with_drain(need, *stages.drained_decode(obs, cap, need.prefill))
         if why_drain:
             reasons.append(why_drain)
-    prefill, decode, why = stages.with_headroom(need, cfg.headroom)
+    prefill, decode, why = stages.with_headroom(
+        need, *stages.role_headroom(cfg.headroom, cfg.headroom_decode, ramp=bool(why_trend))
+    )
     reasons.append(why)
     decode, buffer_seqs, why = stages.buffer_target(need.running_seqs, decode, cfg.buffer_multiplier, cap)
     reasons.append(why)
@@ -85,7 +87,9 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         prefill, decode, obs, cap, cfg, state, trend=factor if why_trend else None
     )
     reasons.extend(why_reserve)
-    standby_target, state, why_sized = _standby_targets(need, prefill, decode, obs, cfg, state)
+    standby_target, state, why_sized = _standby_targets(
+        need, prefill, decode, obs, cfg, state, bool(why_trend)
+    )
     reasons.extend(why_sized)
     standby_target = {r: max(standby_target[r], reserve_standby[i]) for i, r in enumerate(ROLES)}
     prefill, decode, state, why_standby = stages.standby_stage(
@@ -211,10 +215,17 @@ def _calibrate_arrivals(
 
 
 def _standby_targets(
-    need: stages.Need, prefill: int, decode: int, obs: PoolObservation, cfg: PolicyConfig, state: PoolState
+    need: stages.Need,
+    prefill: int,
+    decode: int,
+    obs: PoolObservation,
+    cfg: PolicyConfig,
+    state: PoolState,
+    ramp: bool = False,
 ) -> tuple[dict[str, int], PoolState, list[str]]:
     """Standby per role: the configured counts ('flat'), or sized by the forecast's spread and held like
-    replicas for max(scale-down delay, provision lead) ('uncertainty'). For the first
+    replicas for max(scale-down delay, provision lead) ('uncertainty'), against each role's headroom
+    (``stages.role_headroom``; ``ramp``: the trend stage projects one this tick). For the first
     ``cfg.standby_untested_s`` of known load the spread counts as unknown: the configured counts, or
     ``cfg.standby_untested_prefill`` / ``_decode`` where set."""
     target = {"prefill": cfg.standby_prefill, "decode": cfg.standby_decode}
@@ -233,8 +244,12 @@ def _standby_targets(
         reasons.append(
             f"standby: load known for {known_s:.0f} s < {cfg.standby_untested_s:.0f} s: spread untested"
         )
-    for role, role_need, active in (("prefill", need.prefill, prefill), ("decode", need.decode, decode)):
-        target[role], why = stages.standby_size(role_need, active, cfg.headroom, spread, target[role])
+    heads = stages.role_headroom(cfg.headroom, cfg.headroom_decode, ramp)
+    for role, role_need, active, head in (
+        ("prefill", need.prefill, prefill, heads[0]),
+        ("decode", need.decode, decode, heads[1]),
+    ):
+        target[role], why = stages.standby_size(role_need, active, head, spread, target[role])
         reasons.append(f"{role}: {why}")
     hold_s = max(cfg.scale_down_delay_s, cfg.provision_lead_s)
     recent, held = stages.hold_standby(

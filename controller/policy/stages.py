@@ -535,11 +535,25 @@ def with_drain(need: Need, decode: float, why: str | None) -> tuple[Need, str | 
     return replace(need, decode=decode), why
 
 
-def with_headroom(need: Need, headroom: float) -> tuple[int, int, str]:
-    """Stage 2: headroom, each pool rounded up separately (one ceil over the sum can starve a pool)."""
+def with_headroom(need: Need, headroom: float, decode_headroom: float | None = None) -> tuple[int, int, str]:
+    """Stage 2: headroom, each pool rounded up separately (one ceil over the sum can starve a pool).
+    ``decode_headroom``: decode's own (None: ``headroom``; ``role_headroom`` says when it applies)."""
+    dh = headroom if decode_headroom is None else decode_headroom
     prefill = math.ceil(need.prefill * (1 + headroom) - 1e-9)
-    decode = math.ceil(need.decode * (1 + headroom) - 1e-9)
-    return prefill, decode, f"headroom {headroom:.0%}: prefill {prefill}, decode {decode}"
+    decode = math.ceil(need.decode * (1 + dh) - 1e-9)
+    tail = "" if dh == headroom else f" (decode's {dh:.0%})"
+    return prefill, decode, f"headroom {headroom:.0%}: prefill {prefill}, decode {decode}{tail}"
+
+
+def role_headroom(headroom: float, decode_headroom: float | None, ramp: bool = False) -> tuple[float, float]:
+    """(prefill, decode) headroom of stage 2, of the burst reserve's level and of the standby's sizing:
+    decode's is ``decode_headroom`` where set and no ramp is projected (``ramp``: the trend stage projects
+    one this tick). Decode's need is Little's law at the ITL SLO's per-sequence rate on the arrival p90, itself
+    a bound with margin (the measured running sequences are 0.15-0.63 x of it on every bundled trace), so the
+    headroom on top is margin on a margin; on a ramp the forecast lags the load, and the headroom is what
+    covers the lag (the 600-s sinusoid's first rise: -4.9 SLO points without it). Prefill's need is a 5-s mean
+    of prompt tokens, whose sub-block spikes the headroom absorbs (PolicyConfig.headroom_decode)."""
+    return headroom, headroom if decode_headroom is None or ramp else decode_headroom
 
 
 def buffer_target(
@@ -1231,7 +1245,8 @@ def burst_reserve_stage(
     if not all(_known(x) for x in (*level, *rise, *peak)):
         return prefill, decode, (0, 0), state, ()
     peak_h = (cfg.burst_peak_headroom != "none", cfg.burst_peak_headroom == "both")
-    want = [reserve_target(level[i], rise[i], peak[i], cfg.headroom, peak_h[i]) for i in (0, 1)]
+    hs = role_headroom(cfg.headroom, cfg.headroom_decode, ramp=trend is not None)
+    want = [reserve_target(level[i], rise[i], peak[i], hs[i], peak_h[i]) for i in (0, 1)]
     reason = (
         f"burst reserve (q{cfg.burst_quantile:.2f} of {cfg.provision_lead_s:.0f}-s rises over {len(blocks)}"
         f" blocks): prefill +{rise[0]:.2f} (peak {peak[0]:.2f}) → {want[0]},"

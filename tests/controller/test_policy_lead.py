@@ -81,7 +81,9 @@ def test_trend_factor_is_capped() -> None:
 
 
 def test_decide_sizes_a_ramp_for_the_lead() -> None:
-    cfg = PolicyConfig(ramp_up_s=0, standby_decode=0)
+    # The trend stage's lead, with the later cold-start wait (cold_start_persist_s) off: that wait also applies to
+    # prefill on a projected ramp; test_decide_waits_for_a_ramps_prefill_target_to_last checks it.
+    cfg = PolicyConfig(ramp_up_s=0, standby_decode=0, cold_start_persist_s=0.0)
     flat = cfg.model_copy(update={"provision_lead_s": 0.0})
     state_lead, state_flat = PoolState(), PoolState()
     plan_lead = plan_flat = None
@@ -264,3 +266,21 @@ def test_active_replicas_held_by_the_window_count_as_standby(counts_spare: bool)
     spare = high - calm_plan.decode  # what the window holds above what the calm tick wants
     assert spare >= 2
     assert plan.standby_decode == (0 if counts_spare else 2)
+
+
+def test_decide_waits_for_a_ramps_prefill_target_to_last() -> None:
+    """With the default wait (cold_start_persist_s = 30 s) a projected ramp's prefill beyond the warm fleet, no
+    request waiting, goes only as far as the lowest target of the last 30 s (a queue lifts the wait:
+    test_policy_cost_cuts)."""
+    cfg = PolicyConfig(ramp_up_s=0, standby_decode=0)
+    no_wait = cfg.model_copy(update={"cold_start_persist_s": 0.0})
+    plans = {}
+    for name, c in (("wait", cfg), ("no wait", no_wait)):
+        state, plan = PoolState(), None
+        for t, rps in _ramp(0.05):
+            o = obs(now_s=t, arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 200.0, running_seqs=0.0)
+            plan, state = decide(ctx(o, c), state)
+        plans[name] = plan
+    assert plans["wait"] is not None and plans["no wait"] is not None
+    assert plans["wait"].prefill < plans["no wait"].prefill
+    assert any("cold start only for a target wanted 30 s" in r for r in plans["wait"].reasons)
