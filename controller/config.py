@@ -147,7 +147,8 @@ class PolicyConfig(BaseModel):
             " leading burst's peak need beyond the median with headroom) and peak count in the reserve's"
             " quantiles while they are more than 1 - burst_quantile of the blocks, as an observed burst's would"
             " (stages.leading_prior); not for one that lasted provision_lead_s (a level), nor for the history's first"
-            " 5-s block alone (the pool's first seconds of counters). Needs the burst runs (burst_hold or"
+            " 5-s block alone (the pool's first seconds of counters), and only until a burst of the pool's own is"
+            " seen after it. Needs the burst runs (burst_hold or"
             " short_burst_cap on). Default 'prior' since session 10 (docs/BENCHMARKS.md, s10r: the reference"
             " table unchanged, +9.5 SLO points on bursts every 7 min); 'none' gives session 9's reserve"
         ),

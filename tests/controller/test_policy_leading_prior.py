@@ -150,3 +150,9 @@ def test_the_historys_first_block_alone_is_no_burst() -> None:
     blocks = _blocks([46.0, 20.0, 20.0, *[10.0] * 30])
     assert math.isnan(stages.leading_prior(blocks, ((0.0, BLOCK),), LEAD, 0.9, 0.3)[1][0])
     assert stages.leading_prior(blocks, ((0.0, 3 * BLOCK),), LEAD, 0.9, 0.3)[1][0] == 20.0
+
+
+def test_a_burst_seen_since_drops_the_prior() -> None:
+    blocks = _blocks([6.0, 6.0, *[1.0] * 20, 6.0, *[1.0] * 5])
+    assert math.isfinite(stages.leading_prior(blocks, ((0.0, 10.0),), LEAD, 0.9, 0.3)[0][0])
+    assert math.isnan(stages.leading_prior(blocks, ((0.0, 10.0), (110.0, 115.0)), LEAD, 0.9, 0.3)[0][0])
