@@ -150,6 +150,11 @@ def workload(
     def cut(trace: Trace) -> Trace:
         return trace.window(0.0, duration_s) if prefix and duration_s else trace
 
+    if name.startswith("file:"):  # any trace file read_trace reads, on the default pool (TTFT 1 s, ITL 50 ms)
+        trace = read_trace(Path(name.removeprefix("file:")))
+        if duration_s is not None:
+            trace = trace.window(0.0, duration_s)
+        return trace, single_pool()
     name, _, seed_text = name.partition("@")
     seed: int | None = None
     if seed_text:
@@ -224,7 +229,8 @@ def workload(
             trace = trace.window(0.0, duration_s)
         return trace, single_pool(slo_ttft_ms=5000.0, slo_itl_ms=50.0)
     raise ValueError(
-        f"unknown workload {name!r}: code, conv, sine, mmpp, ramp, mmpp-diurnal, mmpp-holdout, mooncake"
+        f"unknown workload {name!r}: code, conv, sine, mmpp, ramp, mmpp-diurnal, mmpp-holdout, mooncake,"
+        " file:PATH"
     )
 
 

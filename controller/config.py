@@ -149,6 +149,22 @@ class PolicyConfig(BaseModel):
             " s8b)"
         ),
     )
+    burst_reserve_leading: Literal["none", "prior"] = Field(
+        "prior",
+        description=(
+            "a history that starts in a burst (the pool first seen in it: a controller started mid-burst, a"
+            " trace cut there) has no block before the burst, so the burst reserve measures no rise for it and"
+            " the next burst meets the typical fleet. 'prior' reads it as if the pool had been at its median"
+            " need for one cold start before the history: those provision_lead_s / 5 s blocks' rise (the"
+            " leading burst's peak need beyond the median with headroom) and peak count in the reserve's"
+            " quantiles while they are more than 1 - burst_quantile of the blocks, as an observed burst's would"
+            " (stages.leading_prior); not for one that lasted provision_lead_s (a level), nor for the history's first"
+            " 5-s block alone (the pool's first seconds of counters), and only until a burst of the pool's own is"
+            " seen after it. Needs the burst runs (burst_hold or"
+            " short_burst_cap on). Default 'prior' since session 10 (docs/BENCHMARKS.md, s10r: the reference"
+            " table unchanged, +9.5 SLO points on bursts every 7 min); 'none' gives session 9's reserve"
+        ),
+    )
     burst_reserve_level: Literal["block", "tick"] = Field(
         "block",
         description=(

@@ -4,12 +4,15 @@ run replays (the generated workloads used to be generated again for D s: another
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from serving.sim.fleet import single_pool
+from serving.workload.readers import read_trace
 from tests.support.bench import load_bench
 
 bench_policies = load_bench("bench_policies", "bench_policies_prefix_under_test")
@@ -67,3 +70,18 @@ def test_bundled_traces_and_the_ramp_are_cut_as_before() -> None:
         a, _ = bench_policies.row_trace(name, _args(200.0))
         b, _ = bench_policies.workload(name, 200.0, 600.0)
         assert _same(a, b) and a.arrival_s[-1] < 200.0
+
+
+def test_a_file_workload_replays_that_file_on_the_default_pool(tmp_path: Path) -> None:
+    """``file:PATH`` (bench_policies / bench_misses / bench_decisions): any trace read_trace reads, on the
+    default pool, its first D s with ``--duration-s D``."""
+    path = tmp_path / "t.csv"
+    rows = [f"{t / 2:.1f},m,{100 + t},{10 + t},{110 + 2 * t},Conversation log" for t in range(20)]  # BurstGPT
+    path.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "\n".join(rows) + "\n"
+    )
+    full, fleet = bench_policies.row_trace(f"file:{path}", _args(None))
+    assert fleet == single_pool()
+    assert _same(full, read_trace(path))
+    short, _ = bench_policies.row_trace(f"file:{path}", _args(4.0))
+    assert _same(short, full.window(0.0, 4.0)) and 0 < len(short) < len(full)
