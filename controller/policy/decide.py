@@ -61,7 +61,10 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     state = evolve(
         state, rate_history=stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
     )
-    factor, why_trend = stages.trend_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
+    # the trend reads the history's arrays, packed from the last tick's with the new row (the same values)
+    packed = stages.packed_rates(state.rate_history, state.rate_packed)
+    state = evolve(state, rate_packed=packed)
+    factor, why_trend = stages.trend_from_rates(*stages.known_rates(packed), obs.now_s, cfg.provision_lead_s)
     if cfg.trend_test == "poisson" and why_trend is None:  # opt-in: a convex or slow rise the line misses
         factor, why_trend = rise.rise_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
     if why_trend:

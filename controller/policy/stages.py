@@ -11,6 +11,7 @@ import bisect
 import itertools
 import math
 import operator
+from array import array
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -19,7 +20,15 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from controller.config import PolicyConfig
 from controller.policy import reserve_fast
-from controller.policy.types import LeadPeaks, PoolCapacity, PoolObservation, PoolState, RoleHistory, evolve
+from controller.policy.types import (
+    LeadPeaks,
+    PackedRates,
+    PoolCapacity,
+    PoolObservation,
+    PoolState,
+    RoleHistory,
+    evolve,
+)
 
 MAX_NEED = 1e9  # instances; larger demand is clipped here (min/max clamp it far lower anyway)
 
@@ -29,20 +38,51 @@ _TIME = operator.itemgetter(0)
 _SECOND, _THIRD = operator.itemgetter(1), operator.itemgetter(2)
 
 
+class TimeRows(tuple):  # type: ignore[type-arg]
+    """Rows (tuples, their time first) whose times are known finite and never decreasing: built only by
+    ``recent_rows``, ``time_suffix`` and ``append_row``, which have checked it. Equal to the plain tuple of the
+    same rows, printed as it, hashed as it; ``_recent_from`` takes one without its O(n) check (the stages'
+    histories are kept every tick, so each would otherwise be checked row by row every tick). Any other tuple
+    is checked as before."""
+
+    __slots__ = ()
+
+
+def append_row(rows: tuple[Row, ...], row: Row) -> tuple[Row, ...]:
+    """``(*rows, row)``: a ``TimeRows`` when ``rows`` is one (or empty) and ``row``'s time is finite and not
+    before the last row's (an O(1) check), else a plain tuple."""
+    t = row[0]
+    if (type(rows) is TimeRows or not rows) and math.isfinite(t) and (not rows or rows[-1][0] <= t):
+        return TimeRows((*rows, row))
+    return (*rows, row)
+
+
+def time_suffix(rows: tuple[Row, ...], start: int) -> tuple[Row, ...]:
+    """``rows[start:]`` for ``start`` from ``_recent_from`` (not None: the rows are in time order with finite
+    times), kept a ``TimeRows``."""
+    if start == 0 and type(rows) is TimeRows:
+        return rows
+    return TimeRows(rows[start:])
+
+
 def _recent_from(rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool) -> int | None:
     """The first index from which every row (a tuple, its time first) has ``now_s - time < window_s``
     (``<=`` when ``closed``) and none before it has, or None when the times are not in order or not all finite
     (nor ``now_s``).
     The stages append their rows in time order, and ``now_s - time`` falls as the time rises (float
     subtraction is monotone), so the rows within a window are a suffix, found by bisection: a window kept
-    every tick costs O(log n) comparisons instead of one per row."""
-    times = list(map(_TIME, rows))
-    # finite times and now only (a finite sum has no NaN or inf in it): inf - inf is NaN, no order
-    if not (math.isfinite(sum(times)) and math.isfinite(now_s)) or times != sorted(times):
+    every tick costs O(log n) comparisons instead of one per row. A ``TimeRows`` has been checked when it was
+    built, so only ``now_s`` is."""
+    if type(rows) is not TimeRows:
+        times = list(map(_TIME, rows))
+        # finite times and now only (a finite sum has no NaN or inf in it): inf - inf is NaN, no order
+        if not math.isfinite(sum(times)) or times != sorted(times):
+            return None
+    if not math.isfinite(now_s):
         return None
     if closed:
-        return bisect.bisect_left(times, True, key=lambda t: now_s - t <= window_s)
-    return bisect.bisect_left(times, True, key=lambda t: now_s - t < window_s)
+        return bisect.bisect_left(rows, True, key=lambda r: now_s - r[0] <= window_s)
+    return bisect.bisect_left(rows, True, key=lambda r: now_s - r[0] < window_s)
 
 
 def _suffix_start(rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool = False) -> int:
@@ -57,24 +97,32 @@ def recent_rows(
     rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool = False
 ) -> tuple[Row, ...]:
     """The rows (tuples, their time first) with ``now_s - time < window_s`` (``<=`` when ``closed``), in
-    order: exactly what filtering them one by one gives (``_recent_from`` finds them as a suffix)."""
+    order: exactly what filtering them one by one gives (``_recent_from`` finds them as a suffix, returned as
+    a ``TimeRows``)."""
     start = _recent_from(rows, now_s, window_s, closed)
     if start is not None:
-        return rows[start:]
+        return time_suffix(rows, start)
     if closed:
         return tuple(r for r in rows if now_s - r[0] <= window_s)
     return tuple(r for r in rows if now_s - r[0] < window_s)
 
 
-def _median(values: np.ndarray) -> float:
-    """``np.median(values)`` without its dispatch: the middle of the sorted values, or the mean of the middle
-    two, ``(a + b) / 2`` as numpy computes it; numpy itself for a NaN (it sorts last) or no value."""
-    ordered = np.sort(values)
-    n = len(ordered)
-    if n == 0 or math.isnan(ordered[-1]):
-        return float(np.median(values))
+def _median(values: list[float]) -> float:
+    """``np.median(values)`` without numpy: the middle of the sorted values, or the mean of the middle two,
+    ``(a + b) / 2`` as numpy computes it (Python's sort puts the same floats at each rank: only NaN, or -0.0
+    beside 0.0, could tell two sorts apart, and the median of those is only ever compared); numpy itself for
+    a NaN (it sorts last) or no value."""
+    n = len(values)
+    if n == 0 or math.isnan(sum(values)):  # (a sum is NaN for any NaN, and for inf beside -inf: numpy then)
+        return float(np.median(np.asarray(values, dtype=np.float64)))
+    ordered = sorted(values)
     mid = n // 2
-    return float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def block_totals(blocks: tuple[tuple[float, float, float, int], ...]) -> list[float]:
+    """Each need block's total need (prefill + decode instances), as floats."""
+    return [float(b[1] + b[2]) for b in blocks]
 
 
 @dataclass(frozen=True)
@@ -318,6 +366,44 @@ def _rate_arrays(history: tuple[tuple[float, float], ...]) -> tuple[np.ndarray, 
     return arr[keep, 0], arr[keep, 1]
 
 
+def _known_samples(rows: tuple[tuple[float, float], ...]) -> tuple[list[float], list[float]]:
+    """The (times, rates) ``_rate_arrays`` keeps of ``rows``, as the floats it reads (its mask, per row)."""
+    times: list[float] = []
+    rates: list[float] = []
+    for row in rows:
+        t, r = float(row[0]), float(row[1])
+        if math.isfinite(r) and r >= 0 and math.isfinite(t):
+            times.append(t)
+            rates.append(r)
+    return times, rates
+
+
+def packed_rates(history: tuple[tuple[float, float], ...], cache: PackedRates) -> PackedRates:
+    """``history``'s known samples packed (``PackedRates``), reusing ``cache``, the previous tick's: where
+    ``history`` starts with a suffix of ``cache.history`` (the same row objects, as ``update_rate_history``
+    keeps them), only the rows that left it and the rows after it are read, not the whole history."""
+    old = cache.history
+    if old and history and len(cache.times) == len(cache.rates):
+        first = history[0]
+        d = next((i for i, row in enumerate(old) if row is first), -1)
+        k = len(old) - d
+        if d >= 0 and k <= len(history) and all(map(operator.is_, old[d:], history[:k])):
+            gone = 8 * len(_known_samples(old[:d])[0])
+            times, rates = _known_samples(history[k:])
+            return PackedRates(
+                history,
+                cache.times[gone:] + array("d", times).tobytes(),
+                cache.rates[gone:] + array("d", rates).tobytes(),
+            )
+    times, rates = _known_samples(history)
+    return PackedRates(history, array("d", times).tobytes(), array("d", rates).tobytes())
+
+
+def known_rates(packed: PackedRates) -> tuple[np.ndarray, np.ndarray]:
+    """``_rate_arrays(packed.history)``: the same floats, read-only."""
+    return np.frombuffer(packed.times, np.float64), np.frombuffer(packed.rates, np.float64)
+
+
 def ramp_fit(history: tuple[tuple[float, float], ...], now_s: float, window_s: float) -> RampFit | None:
     """Fit rate = level + slope × (t − now) to the samples of ``history`` in (now − window_s, now]; None when
     they are too few (``TREND_MIN_SAMPLES``) or span too little of the window (``TREND_MIN_COVERAGE``).
@@ -351,9 +437,18 @@ def _ordered(times: np.ndarray) -> bool:
     return len(times) < 2 or bool((times[1:] >= times[:-1]).all())
 
 
-def _line(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float, ordered: bool) -> _Line | None:
+def _line(
+    times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float, ordered: bool, min_z: float = 0.0
+) -> _Line | None:
     """The samples in (now − window_s, now] and their line; ``ordered``: ``times`` never decrease, so the
-    window is a slice (found by bisection) and its span is its ends (the same values as a mask and max − min)."""
+    window is a slice (found by bisection) and its span is its ends (the same values as a mask and max − min).
+
+    ``min_z`` > 0: None also for a line whose ``z`` is sure to be below ``min_z`` before its residuals are
+    computed (``_trend_at`` drops those, and most lines are those): a slope that is not positive (z <= 0, NaN
+    included), or one whose z against the Poisson floor alone is below ``min_z``. The latter is exact, not an
+    estimate: the variance is the larger of the residuals' and that floor (neither NaN when the slope and the
+    mean are finite), so its standard error is no smaller than the floor's, and correctly rounded division and
+    square root are monotone, so the z computed is no larger than the one against the floor."""
     start = now_s - window_s
     if ordered:
         lo, hi = int(times.searchsorted(start, side="right")), int(times.searchsorted(now_s, side="right"))
@@ -380,9 +475,15 @@ def _line(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float, o
     mean = float(np.add.reduce(r)) / n
     dev = r - mean
     slope = float(tc @ dev) / sxx
+    poisson = max(mean, 0.0) / (span / (n - 1))
+    if min_z > 0:
+        if not slope > 0:
+            return None
+        floor_se = math.sqrt(poisson / sxx)
+        if floor_se > 0 and math.isfinite(slope + mean + poisson) and slope / floor_se < min_z:
+            return None
     dev -= slope * tc  # the residuals, r - mean - slope × tc
     rss_line = float(np.add.reduce(dev * dev))
-    poisson = max(mean, 0.0) / (span / (n - 1))
     var = max(rss_line / (n - 2), poisson)
     level = mean + slope * (now_s - t_mean)
     return _Line(slope, math.sqrt(var / sxx), level, rss_line, var, r)
@@ -408,13 +509,19 @@ def _fit(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float) ->
 
 
 def _trend_at(
-    times: np.ndarray, rates: np.ndarray, now_s: float, lead_s: float, min_z: float, ordered: bool
+    times: np.ndarray,
+    rates: np.ndarray,
+    now_s: float,
+    lead_s: float,
+    min_z: float,
+    ordered: bool,
+    screen: bool = True,
 ) -> tuple[float, _Line | None, float]:
     """The projection factor of the shortest ramp at ``now_s`` whose slope is ``min_z`` standard errors
     above zero (1, None when there is none), its line and window. The step test, the costliest part of a
     fit, runs only for a line that passes the others (most ticks: none does)."""
     for window_s in TREND_WINDOWS_S:
-        line = _line(times, rates, now_s, window_s, ordered)
+        line = _line(times, rates, now_s, window_s, ordered, min_z if screen else 0.0)
         if line is None or line.z < min_z or line.level <= 0 or _step_fits_better(line):
             continue
         factor = min((line.level + line.slope * lead_s) / line.level, MAX_TREND_FACTOR)
@@ -441,13 +548,23 @@ def trend_factor(
     """
     if lead_s <= 0:
         return 1.0, None
-    times, rates = _rate_arrays(history)
+    return trend_from_rates(*_rate_arrays(history), now_s, lead_s)
+
+
+def trend_from_rates(
+    times: np.ndarray, rates: np.ndarray, now_s: float, lead_s: float, *, screen: bool = True
+) -> tuple[float, str | None]:
+    """``trend_factor`` of the history whose known samples are ``times``, ``rates`` (``_rate_arrays``,
+    ``known_rates``). ``screen`` False: every line is fitted to the end (``_line``'s ``min_z``; the same
+    result, for tests)."""
+    if lead_s <= 0:
+        return 1.0, None
     ordered = _ordered(times)
-    factor, fit, window_s = _trend_at(times, rates, now_s, lead_s, TREND_MIN_Z, ordered)
+    factor, fit, window_s = _trend_at(times, rates, now_s, lead_s, TREND_MIN_Z, ordered, screen)
     if fit is None:
         return 1.0, None
     for lag_s in TREND_CONFIRM_S:
-        earlier, _, _ = _trend_at(times, rates, now_s - lag_s, lead_s, TREND_CONFIRM_Z, ordered)
+        earlier, _, _ = _trend_at(times, rates, now_s - lag_s, lead_s, TREND_CONFIRM_Z, ordered, screen)
         if earlier <= 1.0:
             return 1.0, None
         factor = min(factor, earlier)
@@ -615,7 +732,7 @@ def update_rate_history(
     """Append the current rate (if known; once per ``now_s``) and forget samples older than ``window_s``."""
     kept = recent_rows(history, now_s, window_s, closed=True)
     if _known(arrival_rps) and not (kept and kept[-1][0] == now_s):
-        kept = (*kept, (now_s, arrival_rps))
+        kept = append_row(kept, (now_s, arrival_rps))
     return kept
 
 
@@ -655,7 +772,7 @@ def hold_standby(
     """Stage 3c: the sized standby falls only after it has stayed lower for ``delay_s`` (as active replicas
     do): a standby that flaps with the forecast's spread is a cold start every few ticks and is never warm
     when the rise comes. Returns (the remembered window, the held (prefill, decode) standby)."""
-    window = (*recent_rows(recent, now_s, delay_s), (now_s, sized[0], sized[1]))
+    window = append_row(recent_rows(recent, now_s, delay_s), (now_s, sized[0], sized[1]))
     return window, (max(map(_SECOND, window)), max(map(_THIRD, window)))
 
 
@@ -752,7 +869,7 @@ def hysteresis_stage(
         recent = (*recent_rows(kept, now_s, window_s), (now_s, wanted))
         in_order = False
     else:  # checked once: every window below is a suffix of it, found by bisection alone
-        kept = history.recent_targets[start:]
+        kept = time_suffix(history.recent_targets, start)
         recent = (*kept[_suffix_start(kept, now_s, window_s) :], (now_s, wanted))
         in_order = not kept or kept[-1][0] <= now_s
     target = wanted
@@ -797,7 +914,7 @@ def hysteresis_stage(
     new_history = RoleHistory(
         last_scale_up_s=now_s if target > current else history.last_scale_up_s,
         last_change_s=now_s if target != current else history.last_change_s,
-        recent_targets=(*kept, (now_s, wanted)),
+        recent_targets=append_row(kept, (now_s, wanted)),
     )
     return target, new_history, reason
 
@@ -908,9 +1025,10 @@ def update_need_blocks(
     if blocks and blocks[-1][0] == start:
         t0, p, d, n = blocks[-1]
         merged = (t0, p + (need[0] - p) / (n + 1), d + (need[1] - d) / (n + 1), n + 1)
-        return (*blocks[:-1], merged), False
+        # the same start as the row it replaces: a TimeRows stays one
+        return (TimeRows if type(blocks) is TimeRows else tuple)((*blocks[:-1], merged)), False
     kept = recent_rows(blocks, now_s, keep_s, closed=True)
-    return (*kept, (start, need[0], need[1], 1)), True
+    return append_row(kept, (start, need[0], need[1], 1)), True
 
 
 def burst_reserve(
@@ -1384,9 +1502,9 @@ def update_burst_runs(
     judged again against the window's median (``leading_run``)."""
     if len(blocks) < 2:
         return runs
-    totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
+    totals = block_totals(blocks[:-1])
     median = _median(totals)
-    start, need = blocks[-2][0], float(totals[-1])
+    start, need = blocks[-2][0], totals[-1]
     end = start + NEED_BLOCK_S
     runs = tuple(r for r in runs if end - r[1] <= keep_s)
     if not runs and end - blocks[0][0] < keep_s:
@@ -1399,7 +1517,7 @@ def update_burst_runs(
 
 
 def leading_run(
-    blocks: tuple[tuple[float, float, float, int], ...], totals: np.ndarray, median: float, headroom: float
+    blocks: tuple[tuple[float, float, float, int], ...], totals: list[float], median: float, headroom: float
 ) -> tuple[tuple[float, float], ...]:
     """The run of consecutive high blocks (``_is_high`` against ``median``) that the completed ``blocks``
     start with, as one (start_s, end_s) run; () when the first block is not high. The last completed block is
@@ -1518,7 +1636,7 @@ def short_burst(
         runs = runs[1:]  # cut by the start of the history: its duration is a lower bound (see burst_hold)
     if not cfg.short_burst_cap or len(blocks) < 2 or len(runs) < cfg.burst_hold_min_gaps + 1:
         return False, None
-    totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
+    totals = block_totals(blocks[:-1])
     start = blocks[-1][0]
     if not _is_high(blocks[-1][1] + blocks[-1][2], _median(totals), cfg.headroom):
         return False, None

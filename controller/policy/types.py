@@ -136,6 +136,18 @@ class LeadPeaks:
 
 
 @dataclass(frozen=True)
+class PackedRates:
+    """The known samples of ``PoolState.rate_history`` (``stages._rate_arrays``: a finite time, a finite
+    non-negative rate) as float64 ``times`` and ``rates`` in native byte order, for the trend stage
+    (``stages.packed_rates``). ``history`` is the very tuple they were read from, compared by identity, so a
+    history built any other way is read anew, never from a stale cache."""
+
+    history: tuple[tuple[float, float], ...] = ()
+    times: bytes = b""
+    rates: bytes = b""
+
+
+@dataclass(frozen=True)
 class ArrivalCalibration:
     """Per-pool state of the arrival forecast's recalibration (``controller.policy.calibration``).
 
@@ -198,6 +210,9 @@ class PoolState:
     arrival_calibration: ArrivalCalibration = field(default_factory=lambda: ArrivalCalibration())
     # the first tick with a known load (decide; PolicyConfig.standby_untested_s); NaN = none yet
     first_known_s: float = math.nan
+    # rate_history packed for the trend stage (decide, stages.packed_rates): a cache, so neither compared nor
+    # printed; an empty or stale one is rebuilt
+    rate_packed: PackedRates = field(default_factory=lambda: PackedRates(), repr=False, compare=False)
 
 
 _Evolvable = TypeVar("_Evolvable", ArrivalCalibration, PoolObservation, PoolState, ScalingPlan)
