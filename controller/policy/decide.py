@@ -64,7 +64,12 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     # the trend reads the history's arrays, packed from the last tick's with the new row (the same values)
     packed = stages.packed_rates(state.rate_history, state.rate_packed)
     state = evolve(state, rate_packed=packed)
-    factor, why_trend = stages.trend_from_rates(*stages.known_rates(packed), obs.now_s, cfg.provision_lead_s)
+    factor, why_trend = stages.trend_from_rates(
+        *stages.known_rates(packed),
+        obs.now_s,
+        cfg.provision_lead_s,
+        ordered=type(packed.history) is stages.TimeRows,
+    )
     if cfg.trend_test == "poisson" and why_trend is None:  # opt-in: a convex or slow rise the line misses
         factor, why_trend = rise.rise_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
     if why_trend:

@@ -552,14 +552,21 @@ def trend_factor(
 
 
 def trend_from_rates(
-    times: np.ndarray, rates: np.ndarray, now_s: float, lead_s: float, *, screen: bool = True
+    times: np.ndarray,
+    rates: np.ndarray,
+    now_s: float,
+    lead_s: float,
+    *,
+    screen: bool = True,
+    ordered: bool = False,
 ) -> tuple[float, str | None]:
     """``trend_factor`` of the history whose known samples are ``times``, ``rates`` (``_rate_arrays``,
     ``known_rates``). ``screen`` False: every line is fitted to the end (``_line``'s ``min_z``; the same
-    result, for tests)."""
+    result, for tests). ``ordered``: the caller knows the times never decrease (known samples of a
+    ``TimeRows``), else they are checked."""
     if lead_s <= 0:
         return 1.0, None
-    ordered = _ordered(times)
+    ordered = ordered or _ordered(times)
     factor, fit, window_s = _trend_at(times, rates, now_s, lead_s, TREND_MIN_Z, ordered, screen)
     if fit is None:
         return 1.0, None
@@ -700,8 +707,15 @@ def qps_change_per_min(
     t0, t1 = history[0][0], history[-1][0]
     if t1 - t0 < 30.0:
         return math.nan
-    early = [r for t, r in history if t - t0 < smoothing_s]
-    late = [r for t, r in history if t1 - t < smoothing_s]
+    early: list[float]
+    late: list[float]
+    if type(history) is TimeRows:  # in time order: the first smoothing_s is a prefix, the last a suffix
+        a = bisect.bisect_left(history, True, key=lambda x: not x[0] - t0 < smoothing_s)
+        b = bisect.bisect_left(history, True, key=lambda x: t1 - x[0] < smoothing_s)
+        early, late = list(map(_SECOND, history[:a])), list(map(_SECOND, history[b:]))
+    else:
+        early = [r for t, r in history if t - t0 < smoothing_s]
+        late = [r for t, r in history if t1 - t < smoothing_s]
     r0, r1 = sum(early) / len(early), sum(late) / len(late)
     if r0 <= 0:
         return math.nan
