@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.config import PolicyConfig
-from controller.policy import stages
+from controller.policy import reserve_fast, stages
 from controller.policy.types import PackedRates, RoleHistory
 
 RATES = st.one_of(
@@ -175,3 +175,21 @@ def test_the_block_median_is_numpys(values: list[float], headroom: float, need: 
     assert _same(ours, ref)
     if not math.isnan(ref):
         assert stages._is_high(need, ours, headroom) == stages._is_high(need, ref, headroom)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    s=st.lists(st.floats(min_value=-1e3, max_value=1e3), max_size=40),
+    t=st.lists(st.floats(min_value=-1e3, max_value=1e3), max_size=40),
+    q=st.sampled_from([0.0, 0.1, 0.5, 0.9, 0.95, 1.0]),
+)
+def test_the_merged_quantile_takes_its_upper_rank_from_the_lower_split(
+    s: list[float], t: list[float], q: float
+) -> None:
+    """reserve_fast's quantile of two sorted lists (one bisection, the upper order statistic the smaller of
+    the next two values) against numpy's 'linear' quantile of them merged."""
+    if not s and not t:
+        return
+    s, t = sorted(s), sorted(t)
+    ours = reserve_fast._quantile(s, t, q)
+    assert ours == float(np.quantile(np.asarray([*s, *t], dtype=np.float64), q))
