@@ -53,7 +53,8 @@ def append_row(rows: tuple[Row, ...], row: Row) -> tuple[Row, ...]:
     before the last row's (an O(1) check), else a plain tuple."""
     t = row[0]
     if (type(rows) is TimeRows or not rows) and math.isfinite(t) and (not rows or rows[-1][0] <= t):
-        return TimeRows((*rows, row))
+        # concatenation copies a subclass's items in C (unpacking one iterates them: ~1.6× the time)
+        return TimeRows(rows + (row,))  # noqa: RUF005
     return (*rows, row)
 
 
@@ -1040,7 +1041,8 @@ def update_need_blocks(
         t0, p, d, n = blocks[-1]
         merged = (t0, p + (need[0] - p) / (n + 1), d + (need[1] - d) / (n + 1), n + 1)
         # the same start as the row it replaces: a TimeRows stays one
-        return (TimeRows if type(blocks) is TimeRows else tuple)((*blocks[:-1], merged)), False
+        kept = (*blocks[:-1], merged)
+        return (TimeRows(kept) if type(blocks) is TimeRows else kept), False
     kept = recent_rows(blocks, now_s, keep_s, closed=True)
     return append_row(kept, (start, need[0], need[1], 1)), True
 
