@@ -58,12 +58,10 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         return None, smoothed
     state = smoothed if math.isfinite(smoothed.first_known_s) else evolve(smoothed, first_known_s=obs.now_s)
     reasons = [*need.reasons, why_calibrated] if why_calibrated else list(need.reasons)
-    state = evolve(
-        state, rate_history=stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
-    )
+    history = stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
     # the trend reads the history's arrays, packed from the last tick's with the new row (the same values)
-    packed = stages.packed_rates(state.rate_history, state.rate_packed)
-    state = evolve(state, rate_packed=packed)
+    packed = stages.packed_rates(history, state.rate_packed)
+    state = evolve(state, rate_history=history, rate_packed=packed)
     factor, why_trend = stages.trend_from_rates(
         *stages.known_rates(packed),
         obs.now_s,
