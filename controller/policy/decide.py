@@ -114,7 +114,9 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     hold_s, why_hold = stages.burst_hold(state.burst_runs, obs.now_s, cfg, seen_from, state.pauses)
     if why_hold:
         reasons.append(why_hold)
-    short, why_short = stages.short_burst(state.burst_runs, state.need_blocks, obs.now_s, cfg)
+    short, why_short = stages.short_burst(
+        state.burst_runs, state.need_blocks, obs.now_s, cfg, state.block_median
+    )
     # A ramp is not a short burst: the load the trend projects is still there when cold capacity serves.
     if short and queue_s < cfg.queue_persist_s and why_trend is None:
         for role in ROLES:

@@ -21,6 +21,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from controller.config import PolicyConfig
 from controller.policy import reserve_fast
 from controller.policy.types import (
+    BlockMedian,
     LeadPeaks,
     PackedRates,
     PoolCapacity,
@@ -124,6 +125,17 @@ def _median(values: list[float]) -> float:
 def block_totals(blocks: tuple[tuple[float, float, float, int], ...]) -> list[float]:
     """Each need block's total need (prefill + decode instances), as floats."""
     return [float(b[1] + b[2]) for b in blocks]
+
+
+def block_median(
+    completed: tuple[tuple[float, float, float, int], ...], cache: BlockMedian
+) -> tuple[float, BlockMedian]:
+    """``_median(block_totals(completed))`` and the cache that holds it: ``cache``'s own where it was computed
+    from these very rows (an O(n) identity check in C, not a pass in Python and a sort)."""
+    if completed and len(cache.blocks) == len(completed) and all(map(operator.is_, cache.blocks, completed)):
+        return cache.median, cache
+    median = _median(block_totals(completed))
+    return median, BlockMedian(completed, median)
 
 
 @dataclass(frozen=True)
@@ -1341,8 +1353,11 @@ def burst_reserve_stage(
         return prefill, decode, (0, 0), state, (f"{why}, burst history paused",)
     keep_s = cfg.burst_window_s + cfg.provision_lead_s
     blocks, opened = update_need_blocks(state.need_blocks, obs.now_s, now_need, keep_s)
-    if opened and (cfg.burst_hold != "off" or cfg.short_burst_cap):
-        state = evolve(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
+    if opened and (cfg.burst_hold != "off" or cfg.short_burst_cap) and len(blocks) >= 2:
+        # the completed blocks' median, kept: short_burst reads it every tick until the next block opens
+        median, kept_median = block_median(blocks[:-1], state.block_median)
+        runs = update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s, median)
+        state = evolve(state, burst_runs=runs, block_median=kept_median)
     if cfg.burst_reserve == "off":
         return prefill, decode, (0, 0), evolve(state, need_blocks=blocks), ()
     if cfg.burst_reserve_projected != "kept" and blocks is not state.need_blocks:
@@ -1503,6 +1518,7 @@ def update_burst_runs(
     blocks: tuple[tuple[float, float, float, int], ...],
     headroom: float,
     keep_s: float,
+    median: float | None = None,
 ) -> tuple[tuple[float, float], ...]:
     """Fold the last *completed* need block (``blocks[-2]``; call when a new block opens) into the bursts seen:
     runs of consecutive "high" blocks as (start_s, end_s). A block is high when its total need (prefill +
@@ -1515,16 +1531,17 @@ def update_burst_runs(
     started, and the scale-down cancels it just before it serves (mmpp@3: four prefill instances asked for at
     t = 5 s released one by one from t = 69 s, and the next burst at 220 s met two). While no run is known and
     the history is younger than ``keep_s`` (its first block is the pool's first), the leading blocks are
-    judged again against the window's median (``leading_run``)."""
+    judged again against the window's median (``leading_run``). ``median``: that median, where the caller
+    has it (``block_median``), else it is computed here."""
     if len(blocks) < 2:
         return runs
-    totals = block_totals(blocks[:-1])
-    median = _median(totals)
-    start, need = blocks[-2][0], totals[-1]
+    if median is None:
+        median = _median(block_totals(blocks[:-1]))
+    start, need = blocks[-2][0], float(blocks[-2][1] + blocks[-2][2])
     end = start + NEED_BLOCK_S
     runs = tuple(r for r in runs if end - r[1] <= keep_s)
     if not runs and end - blocks[0][0] < keep_s:
-        runs = leading_run(blocks[:-1], totals, median, headroom)
+        runs = leading_run(blocks[:-1], block_totals(blocks[:-1]), median, headroom)
     if not _is_high(need, median, headroom):
         return runs
     if runs and runs[-1][1] >= start - 1e-9:
@@ -1640,6 +1657,7 @@ def short_burst(
     blocks: tuple[tuple[float, float, float, int], ...],
     now_s: float,
     cfg: PolicyConfig,
+    median: BlockMedian = BlockMedian(),
 ) -> tuple[bool, str | None]:
     """Whether the load is now in a burst that, by the durations of the bursts seen, will most likely be over
     before capacity started now serves (``short_burst_cap``): P(duration > d + lead | duration > d) below
@@ -1647,14 +1665,14 @@ def short_burst(
     is a level cold capacity follows, not a burst (``burst_hold``'s rule; without it the 1800-s sinusoid's first
     rise, longer than the few short bursts seen, read P = 0 and was capped for minutes). The current block is
     judged by its mean so far against the window's median block, as ``update_burst_runs`` judges completed ones.
-    A run that starts with the history is not counted: its duration is only a lower bound (``burst_hold``)."""
+    A run that starts with the history is not counted: its duration is only a lower bound (``burst_hold``).
+    ``median``: a ``block_median`` cache (``PoolState.block_median``), read where it holds these blocks."""
     if blocks and runs and runs[0][0] <= blocks[0][0] + 1e-9:
         runs = runs[1:]  # cut by the start of the history: its duration is a lower bound (see burst_hold)
     if not cfg.short_burst_cap or len(blocks) < 2 or len(runs) < cfg.burst_hold_min_gaps + 1:
         return False, None
-    totals = block_totals(blocks[:-1])
     start = blocks[-1][0]
-    if not _is_high(blocks[-1][1] + blocks[-1][2], _median(totals), cfg.headroom):
+    if not _is_high(blocks[-1][1] + blocks[-1][2], block_median(blocks[:-1], median)[0], cfg.headroom):
         return False, None
     began = runs[-1][0] if runs[-1][1] >= start - 1e-9 else start
     lasted = now_s - began

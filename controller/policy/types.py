@@ -148,6 +148,17 @@ class PackedRates:
 
 
 @dataclass(frozen=True)
+class BlockMedian:
+    """The median total need (prefill + decode instances) of the completed need blocks ``blocks``
+    (``stages.block_median``): the burst runs and the short-burst test judge blocks against it, and it changes
+    only when a block completes. Matched to the blocks row by row by identity, so any other blocks are
+    computed anew, never read from a stale cache."""
+
+    blocks: tuple[tuple[float, float, float, int], ...] = ()
+    median: float = math.nan
+
+
+@dataclass(frozen=True)
 class ArrivalCalibration:
     """Per-pool state of the arrival forecast's recalibration (``controller.policy.calibration``).
 
@@ -213,6 +224,8 @@ class PoolState:
     # rate_history packed for the trend stage (decide, stages.packed_rates): a cache, so neither compared nor
     # printed; an empty or stale one is rebuilt
     rate_packed: PackedRates = field(default_factory=lambda: PackedRates(), repr=False, compare=False)
+    # the completed need blocks' median (stages.burst_reserve_stage, short_burst): a cache, as rate_packed
+    block_median: BlockMedian = field(default_factory=lambda: BlockMedian(), repr=False, compare=False)
 
 
 _Evolvable = TypeVar("_Evolvable", ArrivalCalibration, PoolObservation, PoolState, ScalingPlan)

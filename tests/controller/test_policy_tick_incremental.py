@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from controller.config import PolicyConfig
 from controller.policy import reserve_fast, stages
-from controller.policy.types import PackedRates, RoleHistory
+from controller.policy.types import BlockMedian, PackedRates, RoleHistory
 
 RATES = st.one_of(
     st.floats(min_value=0.0, max_value=1e4, allow_nan=False),
@@ -193,3 +193,40 @@ def test_the_merged_quantile_takes_its_upper_rank_from_the_lower_split(
     s, t = sorted(s), sorted(t)
     ours = reserve_fast._quantile(s, t, q)
     assert ours == float(np.quantile(np.asarray([*s, *t], dtype=np.float64), q))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    needs=st.lists(
+        st.tuples(st.floats(min_value=0.0, max_value=50.0), st.floats(min_value=0.0, max_value=50.0)),
+        min_size=1,
+        max_size=80,
+    ),
+    gap_every=st.integers(min_value=0, max_value=9),
+)
+def test_the_kept_block_median_is_the_median_of_the_completed_blocks(
+    needs: list[tuple[float, float]], gap_every: int
+) -> None:
+    """burst_reserve_stage's kept median, read by short_burst every tick: always the median of the
+    completed blocks it holds, and short_burst with it judges as short_burst without it; a cache of other
+    rows equal in value is recomputed, not read."""
+    cfg = PolicyConfig()
+    blocks: tuple[tuple[float, float, float, int], ...] = ()
+    cache = BlockMedian()
+    now = 1000.0
+    for k, need in enumerate(needs):
+        now += 1.0 if not (gap_every and k % gap_every == 0) else 12.0
+        blocks, opened = stages.update_need_blocks(blocks, now, need, 600.0)
+        if opened and len(blocks) >= 2:
+            median, cache = stages.block_median(blocks[:-1], cache)
+            assert median == stages._median(stages.block_totals(blocks[:-1]))
+        first = blocks[0][0]  # runs after the history's start (one at it is not counted)
+        runs = (
+            (first + 1.0, first + 6.0),
+            (first + 11.0, first + 16.0),
+            (blocks[-1][0], blocks[-1][0] + 5.0),
+        )
+        assert stages.short_burst(runs, blocks, now, cfg, cache) == stages.short_burst(runs, blocks, now, cfg)
+    if len(blocks) >= 2:
+        copies = tuple((b[0], b[1], b[2], b[3]) for b in blocks[:-1])  # equal rows, other objects
+        assert stages.block_median(copies, cache)[1] is not cache
