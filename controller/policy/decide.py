@@ -58,10 +58,16 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         return None, smoothed
     state = smoothed if math.isfinite(smoothed.first_known_s) else evolve(smoothed, first_known_s=obs.now_s)
     reasons = [*need.reasons, why_calibrated] if why_calibrated else list(need.reasons)
-    state = evolve(
-        state, rate_history=stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
+    history = stages.update_rate_history(state.rate_history, obs.now_s, obs.arrival_rps)
+    # the trend reads the history's arrays, packed from the last tick's with the new row (the same values)
+    packed = stages.packed_rates(history, state.rate_packed)
+    state = evolve(state, rate_history=history, rate_packed=packed)
+    factor, why_trend = stages.trend_from_rates(
+        *stages.known_rates(packed),
+        obs.now_s,
+        cfg.provision_lead_s,
+        ordered=type(packed.history) is stages.TimeRows,
     )
-    factor, why_trend = stages.trend_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
     if cfg.trend_test == "poisson" and why_trend is None:  # opt-in: a convex or slow rise the line misses
         factor, why_trend = rise.rise_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
     if why_trend:
@@ -112,7 +118,9 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     hold_s, why_hold = stages.burst_hold(state.burst_runs, obs.now_s, cfg, seen_from, state.pauses)
     if why_hold:
         reasons.append(why_hold)
-    short, why_short = stages.short_burst(state.burst_runs, state.need_blocks, obs.now_s, cfg)
+    short, why_short = stages.short_burst(
+        state.burst_runs, state.need_blocks, obs.now_s, cfg, state.block_median
+    )
     # A ramp is not a short burst: the load the trend projects is still there when cold capacity serves.
     if short and queue_s < cfg.queue_persist_s and why_trend is None:
         for role in ROLES:

@@ -51,9 +51,9 @@ def lerp(a: float, b: float, gamma: float) -> float:
     return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
 
 
-def at_rank(s: Sequence[float], t: Sequence[float], r: int) -> float:
-    """``sorted([*s, *t])[r]`` for sorted ``s`` and ``t`` without merging them: the first split j (of ``t``'s
-    values among the ``r + 1`` smallest) whose ``s`` part ends at or below ``t[j]``, found by bisection."""
+def _split(s: Sequence[float], t: Sequence[float], r: int) -> int:
+    """How many of ``t``'s values are among the ``r + 1`` smallest of sorted ``s`` and ``t`` together: the
+    first split j whose ``s`` part ends at or below ``t[j]``, found by bisection."""
     ns, nt = len(s), len(t)
     lo, hi = max(0, r + 1 - ns), min(nt, r + 1)
     while lo < hi:  # "s[r - j] <= t[j]" is false, then true, as j grows
@@ -62,7 +62,11 @@ def at_rank(s: Sequence[float], t: Sequence[float], r: int) -> float:
             hi = j
         else:
             lo = j + 1
-    j, i = lo, r + 1 - lo
+    return lo
+
+
+def _at_split(s: Sequence[float], t: Sequence[float], i: int, j: int) -> float:
+    """The largest of ``s[:i]`` and ``t[:j]`` (i + j >= 1)."""
     if i == 0:
         return t[j - 1]
     if j == 0:
@@ -70,9 +74,23 @@ def at_rank(s: Sequence[float], t: Sequence[float], r: int) -> float:
     return max(s[i - 1], t[j - 1])
 
 
+def at_rank(s: Sequence[float], t: Sequence[float], r: int) -> float:
+    """``sorted([*s, *t])[r]`` for sorted ``s`` and ``t`` without merging them (``_split``)."""
+    j = _split(s, t, r)
+    return _at_split(s, t, r + 1 - j, j)
+
+
 def _quantile(s: Sequence[float], t: Sequence[float], q: float) -> float:
+    """numpy's 'linear' quantile of sorted ``s`` and ``t`` together. Its upper order statistic, one rank
+    above the lower, is the smaller of the two values after the lower's split: one bisection, not two."""
     lo, hi, gamma = quantile_rank(len(s) + len(t), q)
-    return lerp(at_rank(s, t, lo), at_rank(s, t, hi), gamma)
+    j = _split(s, t, lo)
+    i = lo + 1 - j
+    a = _at_split(s, t, i, j)
+    if hi == lo:
+        return lerp(a, a, gamma)
+    b = min(s[i] if i < len(s) else _INF, t[j] if j < len(t) else _INF)
+    return lerp(a, b, gamma)
 
 
 def _rises(peak: Sequence[float], v: Sequence[float], h: float, factors: list[float]) -> list[float]:

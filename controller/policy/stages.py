@@ -11,6 +11,7 @@ import bisect
 import itertools
 import math
 import operator
+from array import array
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -19,7 +20,16 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from controller.config import PolicyConfig
 from controller.policy import reserve_fast
-from controller.policy.types import LeadPeaks, PoolCapacity, PoolObservation, PoolState, RoleHistory, evolve
+from controller.policy.types import (
+    BlockMedian,
+    LeadPeaks,
+    PackedRates,
+    PoolCapacity,
+    PoolObservation,
+    PoolState,
+    RoleHistory,
+    evolve,
+)
 
 MAX_NEED = 1e9  # instances; larger demand is clipped here (min/max clamp it far lower anyway)
 
@@ -29,20 +39,52 @@ _TIME = operator.itemgetter(0)
 _SECOND, _THIRD = operator.itemgetter(1), operator.itemgetter(2)
 
 
+class TimeRows(tuple):  # type: ignore[type-arg]
+    """Rows (tuples, their time first) whose times are known finite and never decreasing: built only by
+    ``recent_rows``, ``time_suffix`` and ``append_row``, which have checked it. Equal to the plain tuple of the
+    same rows, printed as it, hashed as it; ``_recent_from`` takes one without its O(n) check (the stages'
+    histories are kept every tick, so each would otherwise be checked row by row every tick). Any other tuple
+    is checked as before."""
+
+    __slots__ = ()
+
+
+def append_row(rows: tuple[Row, ...], row: Row) -> tuple[Row, ...]:
+    """``(*rows, row)``: a ``TimeRows`` when ``rows`` is one (or empty) and ``row``'s time is finite and not
+    before the last row's (an O(1) check), else a plain tuple."""
+    t = row[0]
+    if (type(rows) is TimeRows or not rows) and math.isfinite(t) and (not rows or rows[-1][0] <= t):
+        # concatenation copies a subclass's items in C (unpacking one iterates them: ~1.6× the time)
+        return TimeRows(rows + (row,))  # noqa: RUF005
+    return (*rows, row)
+
+
+def time_suffix(rows: tuple[Row, ...], start: int) -> tuple[Row, ...]:
+    """``rows[start:]`` for ``start`` from ``_recent_from`` (not None: the rows are in time order with finite
+    times), kept a ``TimeRows``."""
+    if start == 0 and type(rows) is TimeRows:
+        return rows
+    return TimeRows(rows[start:])
+
+
 def _recent_from(rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool) -> int | None:
     """The first index from which every row (a tuple, its time first) has ``now_s - time < window_s``
     (``<=`` when ``closed``) and none before it has, or None when the times are not in order or not all finite
     (nor ``now_s``).
     The stages append their rows in time order, and ``now_s - time`` falls as the time rises (float
     subtraction is monotone), so the rows within a window are a suffix, found by bisection: a window kept
-    every tick costs O(log n) comparisons instead of one per row."""
-    times = list(map(_TIME, rows))
-    # finite times and now only (a finite sum has no NaN or inf in it): inf - inf is NaN, no order
-    if not (math.isfinite(sum(times)) and math.isfinite(now_s)) or times != sorted(times):
+    every tick costs O(log n) comparisons instead of one per row. A ``TimeRows`` has been checked when it was
+    built, so only ``now_s`` is."""
+    if type(rows) is not TimeRows:
+        times = list(map(_TIME, rows))
+        # finite times and now only (a finite sum has no NaN or inf in it): inf - inf is NaN, no order
+        if not math.isfinite(sum(times)) or times != sorted(times):
+            return None
+    if not math.isfinite(now_s):
         return None
     if closed:
-        return bisect.bisect_left(times, True, key=lambda t: now_s - t <= window_s)
-    return bisect.bisect_left(times, True, key=lambda t: now_s - t < window_s)
+        return bisect.bisect_left(rows, True, key=lambda r: now_s - r[0] <= window_s)
+    return bisect.bisect_left(rows, True, key=lambda r: now_s - r[0] < window_s)
 
 
 def _suffix_start(rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool = False) -> int:
@@ -57,24 +99,43 @@ def recent_rows(
     rows: tuple[Row, ...], now_s: float, window_s: float, closed: bool = False
 ) -> tuple[Row, ...]:
     """The rows (tuples, their time first) with ``now_s - time < window_s`` (``<=`` when ``closed``), in
-    order: exactly what filtering them one by one gives (``_recent_from`` finds them as a suffix)."""
+    order: exactly what filtering them one by one gives (``_recent_from`` finds them as a suffix, returned as
+    a ``TimeRows``)."""
     start = _recent_from(rows, now_s, window_s, closed)
     if start is not None:
-        return rows[start:]
+        return time_suffix(rows, start)
     if closed:
         return tuple(r for r in rows if now_s - r[0] <= window_s)
     return tuple(r for r in rows if now_s - r[0] < window_s)
 
 
-def _median(values: np.ndarray) -> float:
-    """``np.median(values)`` without its dispatch: the middle of the sorted values, or the mean of the middle
-    two, ``(a + b) / 2`` as numpy computes it; numpy itself for a NaN (it sorts last) or no value."""
-    ordered = np.sort(values)
-    n = len(ordered)
-    if n == 0 or math.isnan(ordered[-1]):
-        return float(np.median(values))
+def _median(values: list[float]) -> float:
+    """``np.median(values)`` without numpy: the middle of the sorted values, or the mean of the middle two,
+    ``(a + b) / 2`` as numpy computes it (Python's sort puts the same floats at each rank: only NaN, or -0.0
+    beside 0.0, could tell two sorts apart, and the median of those is only ever compared); numpy itself for
+    a NaN (it sorts last) or no value."""
+    n = len(values)
+    if n == 0 or math.isnan(sum(values)):  # (a sum is NaN for any NaN, and for inf beside -inf: numpy then)
+        return float(np.median(np.asarray(values, dtype=np.float64)))
+    ordered = sorted(values)
     mid = n // 2
-    return float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def block_totals(blocks: tuple[tuple[float, float, float, int], ...]) -> list[float]:
+    """Each need block's total need (prefill + decode instances), as floats."""
+    return [float(b[1] + b[2]) for b in blocks]
+
+
+def block_median(
+    completed: tuple[tuple[float, float, float, int], ...], cache: BlockMedian
+) -> tuple[float, BlockMedian]:
+    """``_median(block_totals(completed))`` and the cache that holds it: ``cache``'s own where it was computed
+    from these very rows (an O(n) identity check in C, not a pass in Python and a sort)."""
+    if completed and len(cache.blocks) == len(completed) and all(map(operator.is_, cache.blocks, completed)):
+        return cache.median, cache
+    median = _median(block_totals(completed))
+    return median, BlockMedian(completed, median)
 
 
 @dataclass(frozen=True)
@@ -318,6 +379,44 @@ def _rate_arrays(history: tuple[tuple[float, float], ...]) -> tuple[np.ndarray, 
     return arr[keep, 0], arr[keep, 1]
 
 
+def _known_samples(rows: tuple[tuple[float, float], ...]) -> tuple[list[float], list[float]]:
+    """The (times, rates) ``_rate_arrays`` keeps of ``rows``, as the floats it reads (its mask, per row)."""
+    times: list[float] = []
+    rates: list[float] = []
+    for row in rows:
+        t, r = float(row[0]), float(row[1])
+        if math.isfinite(r) and r >= 0 and math.isfinite(t):
+            times.append(t)
+            rates.append(r)
+    return times, rates
+
+
+def packed_rates(history: tuple[tuple[float, float], ...], cache: PackedRates) -> PackedRates:
+    """``history``'s known samples packed (``PackedRates``), reusing ``cache``, the previous tick's: where
+    ``history`` starts with a suffix of ``cache.history`` (the same row objects, as ``update_rate_history``
+    keeps them), only the rows that left it and the rows after it are read, not the whole history."""
+    old = cache.history
+    if old and history and len(cache.times) == len(cache.rates):
+        first = history[0]
+        d = next((i for i, row in enumerate(old) if row is first), -1)
+        k = len(old) - d
+        if d >= 0 and k <= len(history) and all(map(operator.is_, old[d:], history[:k])):
+            gone = 8 * len(_known_samples(old[:d])[0])
+            times, rates = _known_samples(history[k:])
+            return PackedRates(
+                history,
+                cache.times[gone:] + array("d", times).tobytes(),
+                cache.rates[gone:] + array("d", rates).tobytes(),
+            )
+    times, rates = _known_samples(history)
+    return PackedRates(history, array("d", times).tobytes(), array("d", rates).tobytes())
+
+
+def known_rates(packed: PackedRates) -> tuple[np.ndarray, np.ndarray]:
+    """``_rate_arrays(packed.history)``: the same floats, read-only."""
+    return np.frombuffer(packed.times, np.float64), np.frombuffer(packed.rates, np.float64)
+
+
 def ramp_fit(history: tuple[tuple[float, float], ...], now_s: float, window_s: float) -> RampFit | None:
     """Fit rate = level + slope × (t − now) to the samples of ``history`` in (now − window_s, now]; None when
     they are too few (``TREND_MIN_SAMPLES``) or span too little of the window (``TREND_MIN_COVERAGE``).
@@ -351,9 +450,18 @@ def _ordered(times: np.ndarray) -> bool:
     return len(times) < 2 or bool((times[1:] >= times[:-1]).all())
 
 
-def _line(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float, ordered: bool) -> _Line | None:
+def _line(
+    times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float, ordered: bool, min_z: float = 0.0
+) -> _Line | None:
     """The samples in (now − window_s, now] and their line; ``ordered``: ``times`` never decrease, so the
-    window is a slice (found by bisection) and its span is its ends (the same values as a mask and max − min)."""
+    window is a slice (found by bisection) and its span is its ends (the same values as a mask and max − min).
+
+    ``min_z`` > 0: None also for a line whose ``z`` is sure to be below ``min_z`` before its residuals are
+    computed (``_trend_at`` drops those, and most lines are those): a slope that is not positive (z <= 0, NaN
+    included), or one whose z against the Poisson floor alone is below ``min_z``. The latter is exact, not an
+    estimate: the variance is the larger of the residuals' and that floor (neither NaN when the slope and the
+    mean are finite), so its standard error is no smaller than the floor's, and correctly rounded division and
+    square root are monotone, so the z computed is no larger than the one against the floor."""
     start = now_s - window_s
     if ordered:
         lo, hi = int(times.searchsorted(start, side="right")), int(times.searchsorted(now_s, side="right"))
@@ -380,9 +488,15 @@ def _line(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float, o
     mean = float(np.add.reduce(r)) / n
     dev = r - mean
     slope = float(tc @ dev) / sxx
+    poisson = max(mean, 0.0) / (span / (n - 1))
+    if min_z > 0:
+        if not slope > 0:
+            return None
+        floor_se = math.sqrt(poisson / sxx)
+        if floor_se > 0 and math.isfinite(slope + mean + poisson) and slope / floor_se < min_z:
+            return None
     dev -= slope * tc  # the residuals, r - mean - slope × tc
     rss_line = float(np.add.reduce(dev * dev))
-    poisson = max(mean, 0.0) / (span / (n - 1))
     var = max(rss_line / (n - 2), poisson)
     level = mean + slope * (now_s - t_mean)
     return _Line(slope, math.sqrt(var / sxx), level, rss_line, var, r)
@@ -408,13 +522,19 @@ def _fit(times: np.ndarray, rates: np.ndarray, now_s: float, window_s: float) ->
 
 
 def _trend_at(
-    times: np.ndarray, rates: np.ndarray, now_s: float, lead_s: float, min_z: float, ordered: bool
+    times: np.ndarray,
+    rates: np.ndarray,
+    now_s: float,
+    lead_s: float,
+    min_z: float,
+    ordered: bool,
+    screen: bool = True,
 ) -> tuple[float, _Line | None, float]:
     """The projection factor of the shortest ramp at ``now_s`` whose slope is ``min_z`` standard errors
     above zero (1, None when there is none), its line and window. The step test, the costliest part of a
     fit, runs only for a line that passes the others (most ticks: none does)."""
     for window_s in TREND_WINDOWS_S:
-        line = _line(times, rates, now_s, window_s, ordered)
+        line = _line(times, rates, now_s, window_s, ordered, min_z if screen else 0.0)
         if line is None or line.z < min_z or line.level <= 0 or _step_fits_better(line):
             continue
         factor = min((line.level + line.slope * lead_s) / line.level, MAX_TREND_FACTOR)
@@ -441,13 +561,30 @@ def trend_factor(
     """
     if lead_s <= 0:
         return 1.0, None
-    times, rates = _rate_arrays(history)
-    ordered = _ordered(times)
-    factor, fit, window_s = _trend_at(times, rates, now_s, lead_s, TREND_MIN_Z, ordered)
+    return trend_from_rates(*_rate_arrays(history), now_s, lead_s)
+
+
+def trend_from_rates(
+    times: np.ndarray,
+    rates: np.ndarray,
+    now_s: float,
+    lead_s: float,
+    *,
+    screen: bool = True,
+    ordered: bool = False,
+) -> tuple[float, str | None]:
+    """``trend_factor`` of the history whose known samples are ``times``, ``rates`` (``_rate_arrays``,
+    ``known_rates``). ``screen`` False: every line is fitted to the end (``_line``'s ``min_z``; the same
+    result, for tests). ``ordered``: the caller knows the times never decrease (known samples of a
+    ``TimeRows``), else they are checked."""
+    if lead_s <= 0:
+        return 1.0, None
+    ordered = ordered or _ordered(times)
+    factor, fit, window_s = _trend_at(times, rates, now_s, lead_s, TREND_MIN_Z, ordered, screen)
     if fit is None:
         return 1.0, None
     for lag_s in TREND_CONFIRM_S:
-        earlier, _, _ = _trend_at(times, rates, now_s - lag_s, lead_s, TREND_CONFIRM_Z, ordered)
+        earlier, _, _ = _trend_at(times, rates, now_s - lag_s, lead_s, TREND_CONFIRM_Z, ordered, screen)
         if earlier <= 1.0:
             return 1.0, None
         factor = min(factor, earlier)
@@ -597,8 +734,15 @@ def qps_change_per_min(
     t0, t1 = history[0][0], history[-1][0]
     if t1 - t0 < 30.0:
         return math.nan
-    early = [r for t, r in history if t - t0 < smoothing_s]
-    late = [r for t, r in history if t1 - t < smoothing_s]
+    early: list[float]
+    late: list[float]
+    if type(history) is TimeRows:  # in time order: the first smoothing_s is a prefix, the last a suffix
+        a = bisect.bisect_left(history, True, key=lambda x: not x[0] - t0 < smoothing_s)
+        b = bisect.bisect_left(history, True, key=lambda x: t1 - x[0] < smoothing_s)
+        early, late = list(map(_SECOND, history[:a])), list(map(_SECOND, history[b:]))
+    else:
+        early = [r for t, r in history if t - t0 < smoothing_s]
+        late = [r for t, r in history if t1 - t < smoothing_s]
     r0, r1 = sum(early) / len(early), sum(late) / len(late)
     if r0 <= 0:
         return math.nan
@@ -629,7 +773,7 @@ def update_rate_history(
     """Append the current rate (if known; once per ``now_s``) and forget samples older than ``window_s``."""
     kept = recent_rows(history, now_s, window_s, closed=True)
     if _known(arrival_rps) and not (kept and kept[-1][0] == now_s):
-        kept = (*kept, (now_s, arrival_rps))
+        kept = append_row(kept, (now_s, arrival_rps))
     return kept
 
 
@@ -669,7 +813,7 @@ def hold_standby(
     """Stage 3c: the sized standby falls only after it has stayed lower for ``delay_s`` (as active replicas
     do): a standby that flaps with the forecast's spread is a cold start every few ticks and is never warm
     when the rise comes. Returns (the remembered window, the held (prefill, decode) standby)."""
-    window = (*recent_rows(recent, now_s, delay_s), (now_s, sized[0], sized[1]))
+    window = append_row(recent_rows(recent, now_s, delay_s), (now_s, sized[0], sized[1]))
     return window, (max(map(_SECOND, window)), max(map(_THIRD, window)))
 
 
@@ -766,7 +910,7 @@ def hysteresis_stage(
         recent = (*recent_rows(kept, now_s, window_s), (now_s, wanted))
         in_order = False
     else:  # checked once: every window below is a suffix of it, found by bisection alone
-        kept = history.recent_targets[start:]
+        kept = time_suffix(history.recent_targets, start)
         recent = (*kept[_suffix_start(kept, now_s, window_s) :], (now_s, wanted))
         in_order = not kept or kept[-1][0] <= now_s
     target = wanted
@@ -811,7 +955,7 @@ def hysteresis_stage(
     new_history = RoleHistory(
         last_scale_up_s=now_s if target > current else history.last_scale_up_s,
         last_change_s=now_s if target != current else history.last_change_s,
-        recent_targets=(*kept, (now_s, wanted)),
+        recent_targets=append_row(kept, (now_s, wanted)),
     )
     return target, new_history, reason
 
@@ -922,9 +1066,11 @@ def update_need_blocks(
     if blocks and blocks[-1][0] == start:
         t0, p, d, n = blocks[-1]
         merged = (t0, p + (need[0] - p) / (n + 1), d + (need[1] - d) / (n + 1), n + 1)
-        return (*blocks[:-1], merged), False
+        # the same start as the row it replaces: a TimeRows stays one
+        kept = (*blocks[:-1], merged)
+        return (TimeRows(kept) if type(blocks) is TimeRows else kept), False
     kept = recent_rows(blocks, now_s, keep_s, closed=True)
-    return (*kept, (start, need[0], need[1], 1)), True
+    return append_row(kept, (start, need[0], need[1], 1)), True
 
 
 def burst_reserve(
@@ -1221,8 +1367,11 @@ def burst_reserve_stage(
         return prefill, decode, (0, 0), state, (f"{why}, burst history paused",)
     keep_s = cfg.burst_window_s + cfg.provision_lead_s
     blocks, opened = update_need_blocks(state.need_blocks, obs.now_s, now_need, keep_s)
-    if opened and (cfg.burst_hold != "off" or cfg.short_burst_cap):
-        state = evolve(state, burst_runs=update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s))
+    if opened and (cfg.burst_hold != "off" or cfg.short_burst_cap) and len(blocks) >= 2:
+        # the completed blocks' median, kept: short_burst reads it every tick until the next block opens
+        median, kept_median = block_median(blocks[:-1], state.block_median)
+        runs = update_burst_runs(state.burst_runs, blocks, cfg.headroom, keep_s, median)
+        state = evolve(state, burst_runs=runs, block_median=kept_median)
     if cfg.burst_reserve == "off":
         return prefill, decode, (0, 0), evolve(state, need_blocks=blocks), ()
     if cfg.burst_reserve_projected != "kept" and blocks is not state.need_blocks:
@@ -1447,6 +1596,7 @@ def update_burst_runs(
     blocks: tuple[tuple[float, float, float, int], ...],
     headroom: float,
     keep_s: float,
+    median: float | None = None,
 ) -> tuple[tuple[float, float], ...]:
     """Fold the last *completed* need block (``blocks[-2]``; call when a new block opens) into the bursts seen:
     runs of consecutive "high" blocks as (start_s, end_s). A block is high when its total need (prefill +
@@ -1459,16 +1609,17 @@ def update_burst_runs(
     started, and the scale-down cancels it just before it serves (mmpp@3: four prefill instances asked for at
     t = 5 s released one by one from t = 69 s, and the next burst at 220 s met two). While no run is known and
     the history is younger than ``keep_s`` (its first block is the pool's first), the leading blocks are
-    judged again against the window's median (``leading_run``)."""
+    judged again against the window's median (``leading_run``). ``median``: that median, where the caller
+    has it (``block_median``), else it is computed here."""
     if len(blocks) < 2:
         return runs
-    totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
-    median = _median(totals)
-    start, need = blocks[-2][0], float(totals[-1])
+    if median is None:
+        median = _median(block_totals(blocks[:-1]))
+    start, need = blocks[-2][0], float(blocks[-2][1] + blocks[-2][2])
     end = start + NEED_BLOCK_S
     runs = tuple(r for r in runs if end - r[1] <= keep_s)
     if not runs and end - blocks[0][0] < keep_s:
-        runs = leading_run(blocks[:-1], totals, median, headroom)
+        runs = leading_run(blocks[:-1], block_totals(blocks[:-1]), median, headroom)
     if not _is_high(need, median, headroom):
         return runs
     if runs and runs[-1][1] >= start - 1e-9:
@@ -1477,7 +1628,7 @@ def update_burst_runs(
 
 
 def leading_run(
-    blocks: tuple[tuple[float, float, float, int], ...], totals: np.ndarray, median: float, headroom: float
+    blocks: tuple[tuple[float, float, float, int], ...], totals: list[float], median: float, headroom: float
 ) -> tuple[tuple[float, float], ...]:
     """The run of consecutive high blocks (``_is_high`` against ``median``) that the completed ``blocks``
     start with, as one (start_s, end_s) run; () when the first block is not high. The last completed block is
@@ -1584,6 +1735,7 @@ def short_burst(
     blocks: tuple[tuple[float, float, float, int], ...],
     now_s: float,
     cfg: PolicyConfig,
+    median: BlockMedian = BlockMedian(),
 ) -> tuple[bool, str | None]:
     """Whether the load is now in a burst that, by the durations of the bursts seen, will most likely be over
     before capacity started now serves (``short_burst_cap``): P(duration > d + lead | duration > d) below
@@ -1591,14 +1743,14 @@ def short_burst(
     is a level cold capacity follows, not a burst (``burst_hold``'s rule; without it the 1800-s sinusoid's first
     rise, longer than the few short bursts seen, read P = 0 and was capped for minutes). The current block is
     judged by its mean so far against the window's median block, as ``update_burst_runs`` judges completed ones.
-    A run that starts with the history is not counted: its duration is only a lower bound (``burst_hold``)."""
+    A run that starts with the history is not counted: its duration is only a lower bound (``burst_hold``).
+    ``median``: a ``block_median`` cache (``PoolState.block_median``), read where it holds these blocks."""
     if blocks and runs and runs[0][0] <= blocks[0][0] + 1e-9:
         runs = runs[1:]  # cut by the start of the history: its duration is a lower bound (see burst_hold)
     if not cfg.short_burst_cap or len(blocks) < 2 or len(runs) < cfg.burst_hold_min_gaps + 1:
         return False, None
-    totals = np.asarray([b[1] + b[2] for b in blocks[:-1]], dtype=np.float64)
     start = blocks[-1][0]
-    if not _is_high(blocks[-1][1] + blocks[-1][2], _median(totals), cfg.headroom):
+    if not _is_high(blocks[-1][1] + blocks[-1][2], block_median(blocks[:-1], median)[0], cfg.headroom):
         return False, None
     began = runs[-1][0] if runs[-1][1] >= start - 1e-9 else start
     lasted = now_s - began

@@ -136,6 +136,29 @@ class LeadPeaks:
 
 
 @dataclass(frozen=True)
+class PackedRates:
+    """The known samples of ``PoolState.rate_history`` (``stages._rate_arrays``: a finite time, a finite
+    non-negative rate) as float64 ``times`` and ``rates`` in native byte order, for the trend stage
+    (``stages.packed_rates``). ``history`` is the very tuple they were read from, compared by identity, so a
+    history built any other way is read anew, never from a stale cache."""
+
+    history: tuple[tuple[float, float], ...] = ()
+    times: bytes = b""
+    rates: bytes = b""
+
+
+@dataclass(frozen=True)
+class BlockMedian:
+    """The median total need (prefill + decode instances) of the completed need blocks ``blocks``
+    (``stages.block_median``): the burst runs and the short-burst test judge blocks against it, and it changes
+    only when a block completes. Matched to the blocks row by row by identity, so any other blocks are
+    computed anew, never read from a stale cache."""
+
+    blocks: tuple[tuple[float, float, float, int], ...] = ()
+    median: float = math.nan
+
+
+@dataclass(frozen=True)
 class ArrivalCalibration:
     """Per-pool state of the arrival forecast's recalibration (``controller.policy.calibration``).
 
@@ -198,6 +221,11 @@ class PoolState:
     arrival_calibration: ArrivalCalibration = field(default_factory=lambda: ArrivalCalibration())
     # the first tick with a known load (decide; PolicyConfig.standby_untested_s); NaN = none yet
     first_known_s: float = math.nan
+    # rate_history packed for the trend stage (decide, stages.packed_rates): a cache, so neither compared nor
+    # printed; an empty or stale one is rebuilt
+    rate_packed: PackedRates = field(default_factory=lambda: PackedRates(), repr=False, compare=False)
+    # the completed need blocks' median (stages.burst_reserve_stage, short_burst): a cache, as rate_packed
+    block_median: BlockMedian = field(default_factory=lambda: BlockMedian(), repr=False, compare=False)
 
 
 _Evolvable = TypeVar("_Evolvable", ArrivalCalibration, PoolObservation, PoolState, ScalingPlan)
