@@ -162,6 +162,48 @@ def _geo(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in ok) / len(ok)) if ok else float("nan")
 
 
+def _baseline_scores(trace: Trace, score_from: str, arima: bool) -> dict[str, Any]:
+    """The baselines' figures on one row (the slow part: ARIMA is re-fitted along the trace)."""
+    base = evaluate(trace, score_from=score_from, with_arima=arima, use_default_checkpoint=False)
+    pin_name = min(base.models, key=lambda k: base.models[k].pinball_p90)
+    row: dict[str, Any] = {
+        "rate_rps": len(trace) / max(trace.duration_s, 1.0),
+        "score_from": score_from,
+        "scored_points": base.scored_points,
+        "arima": arima,
+        "noise_floor": base.noise_floor_mae,
+        "baselines": {k: v.mae for k, v in base.models.items()},
+        "best_baseline": min(base.models, key=lambda k: base.models[k].mae),
+        "pinball_p90_baselines": {k: v.pinball_p90 for k, v in base.models.items()},
+        "best_pinball_baseline": pin_name,
+        "best_pinball_coverage_p90": base.models[pin_name].coverage_p90,
+        "tokens": {},
+    }
+    for ch in ("prompt_tokens", "gen_tokens"):
+        ch_scores = {k: v[ch] for k, v in base.token_models.items()}
+        bn = min(ch_scores, key=lambda k: ch_scores[k].mae)
+        row["tokens"][ch] = {
+            "baselines": {k: v.mae for k, v in ch_scores.items()},
+            "best_baseline": bn,
+            "best_coverage_p90": ch_scores[bn].coverage_p90,
+        }
+    return row
+
+
+_BASELINE_KEYS = (
+    "rate_rps", "score_from", "scored_points", "arima", "noise_floor", "baselines", "best_baseline",
+    "pinball_p90_baselines", "best_pinball_baseline", "best_pinball_coverage_p90", "tokens",
+)  # fmt: skip
+
+
+def _baseline_row(earlier: dict[str, Any] | None, score_from: str) -> dict[str, Any] | None:
+    """The baseline part of an earlier run's row (``--baselines-from``); None when it has none or was
+    scored from another point (then the baselines are re-scored)."""
+    if not earlier or "baselines" not in earlier or earlier.get("score_from") != score_from:
+        return None
+    return {k: earlier[k] for k in _BASELINE_KEYS if k in earlier}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -189,7 +231,15 @@ def main() -> None:
     ap.add_argument(
         "--rows", default="", help="comma-separated substrings: score only the rows whose name contains one"
     )
+    ap.add_argument(
+        "--baselines-from",
+        type=Path,
+        help="an earlier --json of the same rows and tree: reuse its baseline figures (no ARIMA re-fit)",
+    )
     args = ap.parse_args()
+    earlier: dict[str, Any] = {}
+    if args.baselines_from is not None:
+        earlier = json.loads(args.baselines_from.read_text(encoding="utf-8"))
 
     import torch
 
@@ -247,35 +297,24 @@ def main() -> None:
     for key, (trace, score_from) in traces.items():
         t0 = time.perf_counter()
         arima = trace.duration_s <= args.arima_max_s
-        base = evaluate(trace, score_from=score_from, with_arima=arima, use_default_checkpoint=False)
-        best_name = min(base.models, key=lambda k: base.models[k].mae)
-        best = base.models[best_name].mae
-        pin_name = min(base.models, key=lambda k: base.models[k].pinball_p90)
-        best_pin = base.models[pin_name].pinball_p90
+        row = _baseline_row(earlier.get(key), score_from)
+        if row is None:
+            row = _baseline_scores(trace, score_from, arima)
+        arima = row["arima"]
+        best_name = row["best_baseline"]
+        best = row["baselines"][best_name]
+        pin_name = row["best_pinball_baseline"]
+        best_pin = row["pinball_p90_baselines"][pin_name]
+        pin_cov = row.get("best_pinball_coverage_p90", float("nan"))
         p90_cells: list[str] = []
-        rate = len(trace) / max(trace.duration_s, 1.0)
-        row: dict[str, Any] = {
-            "rate_rps": rate,
-            "score_from": score_from,
-            "scored_points": base.scored_points,
-            "arima": arima,
-            "noise_floor": base.noise_floor_mae,
-            "baselines": {k: v.mae for k, v in base.models.items()},
-            "best_baseline": best_name,
-            "pinball_p90_baselines": {k: v.pinball_p90 for k, v in base.models.items()},
-            "best_pinball_baseline": pin_name,
-            "tokens": {},
+        rate = row["rate_rps"]
+        tok_best = {
+            ch: (
+                row["tokens"][ch]["best_baseline"],
+                row["tokens"][ch]["baselines"][row["tokens"][ch]["best_baseline"]],
+            )
+            for ch in ("prompt_tokens", "gen_tokens")
         }
-        tok_best: dict[str, tuple[str, float]] = {}
-        for ch in ("prompt_tokens", "gen_tokens"):
-            ch_scores = {k: v[ch] for k, v in base.token_models.items()}
-            bn = min(ch_scores, key=lambda k: ch_scores[k].mae)
-            tok_best[ch] = (bn, ch_scores[bn].mae)
-            row["tokens"][ch] = {
-                "baselines": {k: v.mae for k, v in ch_scores.items()},
-                "best_baseline": bn,
-                "best_coverage_p90": ch_scores[bn].coverage_p90,
-            }
         tok_cells: dict[str, list[str]] = {"prompt_tokens": [], "gen_tokens": []}
         cells = []
         for name, lf in models.items():
@@ -318,9 +357,7 @@ def main() -> None:
             f"| {key} | {rate:.1f} | {score_from} | {label} | {best:.2f} | " + " | ".join(cells) + " |"
         )
         p90_lines.append(
-            f"| {key} | {pin_name} | {best_pin:.2f} | {base.models[pin_name].coverage_p90:.3f} | "
-            + " | ".join(p90_cells)
-            + " |"
+            f"| {key} | {pin_name} | {best_pin:.2f} | {pin_cov:.3f} | " + " | ".join(p90_cells) + " |"
         )
         for ch in ("prompt_tokens", "gen_tokens"):
             bn, bm = tok_best[ch]

@@ -56,11 +56,11 @@ def _parse_end_s(text: str | None) -> float:
     return when.timestamp()
 
 
-def _synthetic_fn() -> Any:
-    """The workload generator's bursty MMPP traffic as ``(rng, duration_s) -> Trace``."""
-    from training.synthetic import bursty_synthetic
+def _synthetic_fn(shapes: str = "mmpp", rate_range: tuple[float, float] = (0.5, 40.0)) -> Any:
+    """The workload generator's synthetic traffic as ``(rng, duration_s) -> Trace`` (``training.synthetic``)."""
+    from training.synthetic import synthetic_fn
 
-    return bursty_synthetic
+    return synthetic_fn(shapes, rate_range)
 
 
 # fit and tune read Prometheus the same way (one definition of the option they share)
@@ -253,6 +253,20 @@ def fit_cmd(
         int, typer.Option(help="Synthetic bursty traces (workload generator) added to training.")
     ] = 8,
     synthetic_duration_s: Annotated[float, typer.Option("--synthetic-duration-s")] = 1800.0,
+    synthetic_shapes: Annotated[
+        str,
+        typer.Option(
+            "--synthetic-shapes",
+            help="Synthetic traffic shapes: 'mmpp' (bursts only) or 'mixed' (MMPP, 30 % on a slow wave of "
+            "2-60 min, 30 % level shifts of up to x8).",
+        ),
+    ] = "mmpp",
+    synthetic_rate_range: Annotated[
+        str,
+        typer.Option(
+            "--synthetic-rate-range", help="Mean rates of the synthetic traces, req/s LOW,HIGH (log-uniform)."
+        ),
+    ] = "0.5,40",
     patience: Annotated[int, typer.Option(help="Early-stopping patience in epochs.")] = 15,
     seed: Annotated[
         int, typer.Option(help="Seed of everything (splits are by time; augmentation and init use it).")
@@ -321,6 +335,13 @@ def fit_cmd(
     tokens = _float_list(token_range, "--token-range")
     if len(tokens) != 2 or not 0 < tokens[0] <= tokens[1]:
         raise typer.BadParameter(f"--token-range {token_range!r}: give LOW,HIGH with 0 < LOW <= HIGH")
+    syn_rates = _float_list(synthetic_rate_range, "--synthetic-rate-range")
+    if len(syn_rates) != 2 or not 0 < syn_rates[0] <= syn_rates[1]:
+        raise typer.BadParameter(
+            f"--synthetic-rate-range {synthetic_rate_range!r}: give LOW,HIGH with 0 < LOW <= HIGH"
+        )
+    if synthetic_shapes not in ("mmpp", "mixed"):
+        raise typer.BadParameter(f"--synthetic-shapes {synthetic_shapes!r}: one of mmpp, mixed")
     if level_halflife_s < 0:
         raise typer.BadParameter(f"--level-halflife-s {level_halflife_s}: must be >= 0 seconds (0 = off)")
     if level_of not in LEVEL_SOURCES:
@@ -357,7 +378,10 @@ def fit_cmd(
         frames,
         labels=labels,
         augment=augment,
-        synthetic=_synthetic_fn() if synthetic > 0 else None,
+        synthetic=_synthetic_fn(synthetic_shapes, (syn_rates[0], syn_rates[1])) if synthetic > 0 else None,
+        synthetic_info=None
+        if synthetic_shapes == "mmpp" and syn_rates == (0.5, 40.0)
+        else {"shapes": synthetic_shapes, "rate_range": list(syn_rates)},
         seed=seed,
     )
     s = series.summary

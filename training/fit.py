@@ -158,13 +158,15 @@ def build_series(
     labels: LabelConfig = LabelConfig(),
     augment: AugmentConfig = AugmentConfig(),
     synthetic: SyntheticFn | None = None,
+    synthetic_info: dict[str, Any] | None = None,
     seed: int = 0,
 ) -> SeriesSet:
     """Split every source by time, augment the training parts, and build per-node series with targets.
 
     Validation series are the later ``val_frac`` of each source (never augmented); the last
     ``holdout_frac`` is held out entirely (for evaluation). Synthetic traces get their own validation
-    traces (different draws), so they count in the validation loss without leaking.
+    traces (different draws), so they count in the validation loss without leaking. ``synthetic_info``
+    (e.g. the shapes and rates ``synthetic`` draws) is added to the synthetic source's summary entry.
     """
     if not traces and not frames and (synthetic is None or augment.synthetic_traces == 0):
         raise ValueError("build_series: no training sources (give traces, frames, or synthetic traffic)")
@@ -220,6 +222,7 @@ def build_series(
                 "kind": "synthetic",
                 "traces": augment.synthetic_traces,
                 "duration_s": augment.synthetic_duration_s,
+                **(synthetic_info or {}),
             }
         )
     for fsrc in frames:
