@@ -1461,7 +1461,7 @@ def leading_prior(
     peaks: list[float] = []
     for i in (1, 2):
         peak = max(b[i] for b in inside)
-        median = _median(np.asarray([b[i] for b in done], dtype=np.float64))
+        median = _median([b[i] for b in done])
         if not (_known(peak) and _known(median)):
             return nan2, nan2
         rises.append(max(peak - (1 + headroom) * median, 0.0))
