@@ -127,15 +127,63 @@ def block_totals(blocks: tuple[tuple[float, float, float, int], ...]) -> list[fl
     return [float(b[1] + b[2]) for b in blocks]
 
 
+def _plain_total(x: float) -> bool:
+    """A total the sorted totals may hold: finite and not -0.0 (a bisection places those as a sort does)."""
+    return math.isfinite(x) and not (x == 0.0 and math.copysign(1.0, x) < 0)
+
+
 def block_median(
     completed: tuple[tuple[float, float, float, int], ...], cache: BlockMedian
 ) -> tuple[float, BlockMedian]:
     """``_median(block_totals(completed))`` and the cache that holds it: ``cache``'s own where it was computed
-    from these very rows (an O(n) identity check in C, not a pass in Python and a sort)."""
-    if completed and len(cache.blocks) == len(completed) and all(map(operator.is_, cache.blocks, completed)):
+    from these very rows (an O(n) identity check in C, not a pass in Python and a sort). Where ``completed``
+    is ``cache``'s rows less some oldest, and newer rows after them (a block opened: the one before it
+    completed), its sorted totals lose the old rows' totals and take the new ones by bisection (``_moved``)."""
+    n, k = len(completed), len(cache.blocks)
+    if completed and k == n and all(map(operator.is_, cache.blocks, completed)):
         return cache.median, cache
-    median = _median(block_totals(completed))
-    return median, BlockMedian(completed, median)
+    moved = _moved(completed, cache)
+    if moved is not None:
+        mid = n // 2
+        median = moved[mid] if n % 2 else (moved[mid - 1] + moved[mid]) / 2
+        return median, BlockMedian(completed, median, moved)
+    median = _median(totals := block_totals(completed))
+    kept = tuple(sorted(totals)) if all(map(_plain_total, totals)) else ()
+    return median, BlockMedian(completed, median, kept)
+
+
+_MOVED_MAX = 4  # the most rows a block median moves on by (dropped or new) before it is sorted anew
+
+
+def _moved(
+    completed: tuple[tuple[float, float, float, int], ...], cache: BlockMedian
+) -> tuple[float, ...] | None:
+    """``cache.totals`` moved on to ``completed`` (sorted, the same floats as ``sorted(block_totals(...))``):
+    None where ``completed`` does not start with a suffix of ``cache.blocks`` (by identity) followed by at
+    most a few new rows, or a total is not finite or is -0.0."""
+    k, n = len(cache.blocks), len(completed)
+    if not cache.totals or not completed:
+        return None
+    first = completed[0]  # the oldest rows dropped (a few at most): the first kept row is completed[0]
+    d = next((i for i in range(min(k, _MOVED_MAX)) if cache.blocks[i] is first), k)
+    new = n - (k - d)
+    if d == k or not 0 <= new <= _MOVED_MAX:
+        return None
+    if not all(map(operator.is_, itertools.islice(cache.blocks, d, None), completed)):
+        return None
+    out = list(cache.totals)
+    for b in cache.blocks[:d]:
+        x = float(b[1] + b[2])
+        at = bisect.bisect_left(out, x)
+        if at == len(out) or out[at] != x:
+            return None
+        del out[at]
+    for b in completed[n - new :]:
+        x = float(b[1] + b[2])
+        if not _plain_total(x):
+            return None
+        bisect.insort(out, x)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
