@@ -124,14 +124,14 @@ class LeadPeaks:
     Beside them, the cache ``controller.policy.reserve_fast`` reads (empty: none, the numpy path runs): the
     ``headroom`` the rises were computed with; ``rises``, float64 rows (prefill rise, decode rise) aligned
     with ``rows`` (NaN where the peak is not finite); ``ordered``, the rows' finite-peak (prefill rises,
-    decode rises, prefill peaks, decode peaks), each sorted; ``marks``, the (start, trend factor) marks
+    decode rises, prefill peaks, decode peaks), each sorted, as float64 bytes; ``marks``, the (start, trend factor) marks
     (``PoolState.projected_blocks``) on the rows' blocks that the rises were computed with."""
 
     lead_s: float = math.nan
     rows: bytes = b""
     headroom: float = math.nan
     rises: bytes = b""
-    ordered: tuple[tuple[float, ...], ...] = ()
+    ordered: tuple[bytes, ...] = ()
     marks: tuple[tuple[float, float], ...] = ()
 
 
