@@ -212,8 +212,8 @@ def kept_reserve(
         factors = _factors(t, projected, marks)
         r0, r1 = _rises(p0, v0, h, factors), _rises(p1, v1, h, factors)
     else:  # stages._rises without marks: peak − (1 + headroom) × need
-        r0 = [x if not x < 0.0 else 0.0 for x in map(operator.sub, p0, map(h.__mul__, v0))]
-        r1 = [x if not x < 0.0 else 0.0 for x in map(operator.sub, p1, map(h.__mul__, v1))]
+        r0 = [0.0 if (r := p - h * x) < 0.0 else r for p, x in zip(p0, v0, strict=True)]
+        r1 = [0.0 if (r := p - h * x) < 0.0 else r for p, x in zip(p1, v1, strict=True)]
     if math.isnan(sum(r0) + sum(r1)):  # (inf × 0 in an absurd factor): NaN sorts apart from numpy's order
         return None
     ok = [p > -_INF for p in p0]
