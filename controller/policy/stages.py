@@ -12,6 +12,7 @@ import itertools
 import math
 import operator
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -146,18 +147,16 @@ def block_median(
     if moved is not None:
         mid = n // 2
         median = moved[mid] if n % 2 else (moved[mid - 1] + moved[mid]) / 2
-        return median, BlockMedian(completed, median, moved)
+        return median, BlockMedian(completed, median, moved.tobytes())
     median = _median(totals := block_totals(completed))
-    kept = tuple(sorted(totals)) if all(map(_plain_total, totals)) else ()
+    kept = array("d", sorted(totals)).tobytes() if all(map(_plain_total, totals)) else b""
     return median, BlockMedian(completed, median, kept)
 
 
 _MOVED_MAX = 4  # the most rows a block median moves on by (dropped or new) before it is sorted anew
 
 
-def _moved(
-    completed: tuple[tuple[float, float, float, int], ...], cache: BlockMedian
-) -> tuple[float, ...] | None:
+def _moved(completed: tuple[tuple[float, float, float, int], ...], cache: BlockMedian) -> array[float] | None:
     """``cache.totals`` moved on to ``completed`` (sorted, the same floats as ``sorted(block_totals(...))``):
     None where ``completed`` does not start with a suffix of ``cache.blocks`` (by identity) followed by at
     most a few new rows, or a total is not finite or is -0.0."""
@@ -171,7 +170,8 @@ def _moved(
         return None
     if not all(map(operator.is_, itertools.islice(cache.blocks, d, None), completed)):
         return None
-    out = list(cache.totals)
+    out = array("d")
+    out.frombytes(cache.totals)
     for b in cache.blocks[:d]:
         x = float(b[1] + b[2])
         at = bisect.bisect_left(out, x)
@@ -183,7 +183,7 @@ def _moved(
         if not _plain_total(x):
             return None
         bisect.insort(out, x)
-    return tuple(out)
+    return out
 
 
 @dataclass(frozen=True)
@@ -1667,7 +1667,7 @@ def update_burst_runs(
     end = start + NEED_BLOCK_S
     runs = tuple(r for r in runs if end - r[1] <= keep_s)
     if not runs and end - blocks[0][0] < keep_s:
-        runs = leading_run(blocks[:-1], block_totals(blocks[:-1]), median, headroom)
+        runs = leading_run(blocks[:-1], None, median, headroom)
     if not _is_high(need, median, headroom):
         return runs
     if runs and runs[-1][1] >= start - 1e-9:
@@ -1676,17 +1676,24 @@ def update_burst_runs(
 
 
 def leading_run(
-    blocks: tuple[tuple[float, float, float, int], ...], totals: list[float], median: float, headroom: float
+    blocks: tuple[tuple[float, float, float, int], ...],
+    totals: Sequence[float] | None,
+    median: float,
+    headroom: float,
 ) -> tuple[tuple[float, float], ...]:
     """The run of consecutive high blocks (``_is_high`` against ``median``) that the completed ``blocks``
     start with, as one (start_s, end_s) run; () when the first block is not high. The last completed block is
     left to ``update_burst_runs``, which judges it next (and extends the run when it is high too).
-    Consecutive means on the ``NEED_BLOCK_S`` grid: a gap in the data ends the run."""
+    Consecutive means on the ``NEED_BLOCK_S`` grid: a gap in the data ends the run. ``totals``: the blocks'
+    totals; None: each block's total read as the run is (``block_totals``' float, for the few blocks it
+    reaches, not one per block of the window)."""
     k = 0
     while (
         k < len(blocks) - 1
         and abs(blocks[k][0] - (blocks[0][0] + k * NEED_BLOCK_S)) < 1e-6
-        and _is_high(float(totals[k]), median, headroom)
+        and _is_high(
+            float(blocks[k][1] + blocks[k][2]) if totals is None else float(totals[k]), median, headroom
+        )
     ):
         k += 1
     return ((blocks[0][0], blocks[k - 1][0] + NEED_BLOCK_S),) if k > 0 else ()

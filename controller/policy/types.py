@@ -152,12 +152,13 @@ class BlockMedian:
     """The median total need (prefill + decode instances) of the completed need blocks ``blocks``
     (``stages.block_median``): the burst runs and the short-burst test judge blocks against it, and it changes
     only when a block completes. Matched to the blocks row by row by identity, so any other blocks are
-    computed anew, never read from a stale cache. ``totals``: the blocks' totals sorted, kept where every total
-    is finite and none is -0.0 (empty otherwise), so the next block's median is a bisection, not a sort."""
+    computed anew, never read from a stale cache. ``totals``: the blocks' totals sorted, as float64 bytes,
+    kept where every total is finite and none is -0.0 (empty otherwise), so the next block's median is a
+    bisection, not a sort."""
 
     blocks: tuple[tuple[float, float, float, int], ...] = ()
     median: float = math.nan
-    totals: tuple[float, ...] = ()
+    totals: bytes = b""
 
 
 @dataclass(frozen=True)
