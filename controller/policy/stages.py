@@ -158,8 +158,10 @@ _MOVED_MAX = 4  # the most rows a block median moves on by (dropped or new) befo
 
 def _moved(completed: tuple[tuple[float, float, float, int], ...], cache: BlockMedian) -> array[float] | None:
     """``cache.totals`` moved on to ``completed`` (sorted, the same floats as ``sorted(block_totals(...))``):
-    None where ``completed`` does not start with a suffix of ``cache.blocks`` (by identity) followed by at
-    most a few new rows, or a total is not finite or is -0.0."""
+    None where ``completed`` does not start with a suffix of ``cache.blocks`` followed by at most a few new
+    rows, or a total is not finite or is -0.0. The suffix's first row is matched by identity, the rest by
+    value (tuple ==, in C: a check per row by ``operator.is_`` cost more than the sort it saves): rows equal
+    in value have the same totals, a zero's sign aside, and the median is only ever compared."""
     k, n = len(cache.blocks), len(completed)
     if not cache.totals or not completed:
         return None
@@ -168,7 +170,7 @@ def _moved(completed: tuple[tuple[float, float, float, int], ...], cache: BlockM
     new = n - (k - d)
     if d == k or not 0 <= new <= _MOVED_MAX:
         return None
-    if not all(map(operator.is_, itertools.islice(cache.blocks, d, None), completed)):
+    if cache.blocks[d:] != completed[: n - new]:  # (tuple ==: identity first, then value, in C)
         return None
     out = array("d")
     out.frombytes(cache.totals)
