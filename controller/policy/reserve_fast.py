@@ -126,6 +126,44 @@ def _factors(
     return out
 
 
+def _doubles(values: bytes) -> array[float]:
+    """Sorted float64 bytes (``LeadPeaks.ordered``) as an array to bisect, insert into and delete from."""
+    out = array("d")
+    out.frombytes(values)
+    return out
+
+
+def _newest_peaks(
+    t: Sequence[float], v0: Sequence[float], v1: Sequence[float], m: int, lead: float
+) -> tuple[list[float], list[float]]:
+    """Each newest block's lead peak per role: the most need of the blocks after it, at most ``m`` of them,
+    starting within ``lead`` of it (-inf where there is none). The blocks whose window reaches the newest
+    block by count and by time are a suffix (starts increase, and ``t[-1] - t[i]`` falls as ``t[i]`` rises:
+    correctly rounded subtraction is monotone), and their peak is the running most from the newest back
+    (replaced only by a larger need: the first of a tie, as ``max``); only the blocks before that suffix
+    (those becoming final, about one) test the window's end and take a slice."""
+    size = len(t)
+    p0, p1 = [-_INF] * size, [-_INF] * size
+    last = size - 1
+    i = 0
+    while i < last and not (i + m >= last and not t[last] - t[i] > lead):
+        e = i + m if i + m < last else last
+        while e > i and t[e] - t[i] > lead:  # the blocks within the lead are a prefix of the next m
+            e -= 1
+        if e > i:
+            p0[i], p1[i] = max(v0[i + 1 : e + 1]), max(v1[i + 1 : e + 1])
+        i += 1
+    most0 = most1 = -_INF
+    for k in range(last - 1, i - 1, -1):
+        x, y = v0[k + 1], v1[k + 1]
+        if x > most0:
+            most0 = x
+        if y > most1:
+            most1 = y
+        p0[k], p1[k] = most0, most1
+    return p0, p1
+
+
 def kept_reserve(
     blocks: Blocks,
     lead_s: float,
@@ -168,31 +206,18 @@ def kept_reserve(
     m = max(math.ceil(lead_s / block_s), 1)
     lead = lead_s + 1e-9
     size = len(t)
-    p0, p1 = [-_INF] * size, [-_INF] * size
-    tail0 = tail1 = -_INF  # the most of the blocks after i, to the newest (max(tail, x), as max keeps ties)
-    for i in range(size - 2, -1, -1):
-        if v0[i + 1] > tail0:
-            tail0 = v0[i + 1]
-        if v1[i + 1] > tail1:
-            tail1 = v1[i + 1]
-        e = i + m if i + m < size - 1 else size - 1
-        while e > i and t[e] - t[i] > lead:  # the blocks within the lead are a prefix of the next m
-            e -= 1
-        if e == size - 1:
-            p0[i], p1[i] = tail0, tail1
-        elif e > i:
-            p0[i], p1[i] = max(v0[i + 1 : e + 1]), max(v1[i + 1 : e + 1])
+    p0, p1 = _newest_peaks(t, v0, v1, m, lead)
     h = 1 + headroom
     if projected:
         factors = _factors(t, projected, marks)
         r0, r1 = _rises(p0, v0, h, factors), _rises(p1, v1, h, factors)
     else:  # stages._rises without marks: peak − (1 + headroom) × need
-        r0 = [x if not x < 0.0 else 0.0 for x in map(operator.sub, p0, map(h.__mul__, v0))]
-        r1 = [x if not x < 0.0 else 0.0 for x in map(operator.sub, p1, map(h.__mul__, v1))]
+        r0 = [0.0 if (r := p - h * x) < 0.0 else r for p, x in zip(p0, v0, strict=True)]
+        r1 = [0.0 if (r := p - h * x) < 0.0 else r for p, x in zip(p1, v1, strict=True)]
     if math.isnan(sum(r0) + sum(r1)):  # (inf × 0 in an absurd factor): NaN sorts apart from numpy's order
         return None
     ok = [p > -_INF for p in p0]
-    ordered = [list(x) for x in final.ordered]  # rises prefill, rises decode, peaks prefill, peaks decode
+    ordered = [_doubles(x) for x in final.ordered]  # rises prefill, rises decode, peaks prefill, peaks decode
     for k in range(d):  # the blocks that left the window leave the sorted values
         if rows[5 * k + 3] > -_INF:
             for lst, x in zip(
@@ -229,7 +254,7 @@ def kept_reserve(
         rows_out,
         headroom,
         final.rises[16 * d :] + new_rises.tobytes(),
-        tuple(tuple(x) for x in ordered),
+        tuple(x.tobytes() for x in ordered),
         _marks_on(projected, marks, blocks[0][0], t[f - 1] if f else last),
     )
     return reserve, out
@@ -254,7 +279,7 @@ def cache(
     if marks != sorted(marks) or not math.isfinite(headroom):
         return final
     if f == 0:  # no block final yet: an empty cache, the newest blocks are all there is
-        return LeadPeaks(final.lead_s, b"", headroom, b"", ((), (), (), ()), ())
+        return LeadPeaks(final.lead_s, b"", headroom, b"", (b"", b"", b"", b""), ())
     vf, pf, rf = v[:, :f], peak[:, :f], rise[:, :f]
     finite = np.isfinite(pf[0])
     if not (finite == np.isfinite(pf[1])).all() or not np.isfinite(vf).all():
@@ -265,6 +290,6 @@ def cache(
     if bool((np.signbit(values) & (values == 0)).any()):
         return final
     rises = np.where(finite, rf, np.nan).T.copy()
-    ordered = tuple(tuple(sorted(x[finite].tolist())) for x in (rf[0], rf[1], pf[0], pf[1]))
+    ordered = tuple(np.sort(x[finite]).tobytes() for x in (rf[0], rf[1], pf[0], pf[1]))
     on = _marks_on(projected, marks, float(t[0]), float(t[f - 1]))
     return LeadPeaks(final.lead_s, final.rows, headroom, rises.tobytes(), ordered, on)

@@ -12,6 +12,7 @@ import itertools
 import math
 import operator
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -127,15 +128,64 @@ def block_totals(blocks: tuple[tuple[float, float, float, int], ...]) -> list[fl
     return [float(b[1] + b[2]) for b in blocks]
 
 
+def _plain_total(x: float) -> bool:
+    """A total the sorted totals may hold: finite and not -0.0 (a bisection places those as a sort does)."""
+    return math.isfinite(x) and not (x == 0.0 and math.copysign(1.0, x) < 0)
+
+
 def block_median(
     completed: tuple[tuple[float, float, float, int], ...], cache: BlockMedian
 ) -> tuple[float, BlockMedian]:
     """``_median(block_totals(completed))`` and the cache that holds it: ``cache``'s own where it was computed
-    from these very rows (an O(n) identity check in C, not a pass in Python and a sort)."""
-    if completed and len(cache.blocks) == len(completed) and all(map(operator.is_, cache.blocks, completed)):
+    from these very rows (an O(n) identity check in C, not a pass in Python and a sort). Where ``completed``
+    is ``cache``'s rows less some oldest, and newer rows after them (a block opened: the one before it
+    completed), its sorted totals lose the old rows' totals and take the new ones by bisection (``_moved``)."""
+    n, k = len(completed), len(cache.blocks)
+    if completed and k == n and all(map(operator.is_, cache.blocks, completed)):
         return cache.median, cache
-    median = _median(block_totals(completed))
-    return median, BlockMedian(completed, median)
+    moved = _moved(completed, cache)
+    if moved is not None:
+        mid = n // 2
+        median = moved[mid] if n % 2 else (moved[mid - 1] + moved[mid]) / 2
+        return median, BlockMedian(completed, median, moved.tobytes())
+    median = _median(totals := block_totals(completed))
+    kept = array("d", sorted(totals)).tobytes() if all(map(_plain_total, totals)) else b""
+    return median, BlockMedian(completed, median, kept)
+
+
+_MOVED_MAX = 4  # the most rows a block median moves on by (dropped or new) before it is sorted anew
+
+
+def _moved(completed: tuple[tuple[float, float, float, int], ...], cache: BlockMedian) -> array[float] | None:
+    """``cache.totals`` moved on to ``completed`` (sorted, the same floats as ``sorted(block_totals(...))``):
+    None where ``completed`` does not start with a suffix of ``cache.blocks`` followed by at most a few new
+    rows, or a total is not finite or is -0.0. The suffix's first row is matched by identity, the rest by
+    value (tuple ==, in C: a check per row by ``operator.is_`` cost more than the sort it saves): rows equal
+    in value have the same totals, a zero's sign aside, and the median is only ever compared."""
+    k, n = len(cache.blocks), len(completed)
+    if not cache.totals or not completed:
+        return None
+    first = completed[0]  # the oldest rows dropped (a few at most): the first kept row is completed[0]
+    d = next((i for i in range(min(k, _MOVED_MAX)) if cache.blocks[i] is first), k)
+    new = n - (k - d)
+    if d == k or not 0 <= new <= _MOVED_MAX:
+        return None
+    if cache.blocks[d:] != completed[: n - new]:  # (tuple ==: identity first, then value, in C)
+        return None
+    out = array("d")
+    out.frombytes(cache.totals)
+    for b in cache.blocks[:d]:
+        x = float(b[1] + b[2])
+        at = bisect.bisect_left(out, x)
+        if at == len(out) or out[at] != x:
+            return None
+        del out[at]
+    for b in completed[n - new :]:
+        x = float(b[1] + b[2])
+        if not _plain_total(x):
+            return None
+        bisect.insort(out, x)
+    return out
 
 
 @dataclass(frozen=True)
@@ -1619,7 +1669,7 @@ def update_burst_runs(
     end = start + NEED_BLOCK_S
     runs = tuple(r for r in runs if end - r[1] <= keep_s)
     if not runs and end - blocks[0][0] < keep_s:
-        runs = leading_run(blocks[:-1], block_totals(blocks[:-1]), median, headroom)
+        runs = leading_run(blocks[:-1], None, median, headroom)
     if not _is_high(need, median, headroom):
         return runs
     if runs and runs[-1][1] >= start - 1e-9:
@@ -1628,17 +1678,24 @@ def update_burst_runs(
 
 
 def leading_run(
-    blocks: tuple[tuple[float, float, float, int], ...], totals: list[float], median: float, headroom: float
+    blocks: tuple[tuple[float, float, float, int], ...],
+    totals: Sequence[float] | None,
+    median: float,
+    headroom: float,
 ) -> tuple[tuple[float, float], ...]:
     """The run of consecutive high blocks (``_is_high`` against ``median``) that the completed ``blocks``
     start with, as one (start_s, end_s) run; () when the first block is not high. The last completed block is
     left to ``update_burst_runs``, which judges it next (and extends the run when it is high too).
-    Consecutive means on the ``NEED_BLOCK_S`` grid: a gap in the data ends the run."""
+    Consecutive means on the ``NEED_BLOCK_S`` grid: a gap in the data ends the run. ``totals``: the blocks'
+    totals; None: each block's total read as the run is (``block_totals``' float, for the few blocks it
+    reaches, not one per block of the window)."""
     k = 0
     while (
         k < len(blocks) - 1
         and abs(blocks[k][0] - (blocks[0][0] + k * NEED_BLOCK_S)) < 1e-6
-        and _is_high(float(totals[k]), median, headroom)
+        and _is_high(
+            float(blocks[k][1] + blocks[k][2]) if totals is None else float(totals[k]), median, headroom
+        )
     ):
         k += 1
     return ((blocks[0][0], blocks[k - 1][0] + NEED_BLOCK_S),) if k > 0 else ()

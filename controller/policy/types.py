@@ -124,14 +124,14 @@ class LeadPeaks:
     Beside them, the cache ``controller.policy.reserve_fast`` reads (empty: none, the numpy path runs): the
     ``headroom`` the rises were computed with; ``rises``, float64 rows (prefill rise, decode rise) aligned
     with ``rows`` (NaN where the peak is not finite); ``ordered``, the rows' finite-peak (prefill rises,
-    decode rises, prefill peaks, decode peaks), each sorted; ``marks``, the (start, trend factor) marks
+    decode rises, prefill peaks, decode peaks), each sorted, as float64 bytes; ``marks``, the (start, trend factor) marks
     (``PoolState.projected_blocks``) on the rows' blocks that the rises were computed with."""
 
     lead_s: float = math.nan
     rows: bytes = b""
     headroom: float = math.nan
     rises: bytes = b""
-    ordered: tuple[tuple[float, ...], ...] = ()
+    ordered: tuple[bytes, ...] = ()
     marks: tuple[tuple[float, float], ...] = ()
 
 
@@ -152,10 +152,13 @@ class BlockMedian:
     """The median total need (prefill + decode instances) of the completed need blocks ``blocks``
     (``stages.block_median``): the burst runs and the short-burst test judge blocks against it, and it changes
     only when a block completes. Matched to the blocks row by row by identity, so any other blocks are
-    computed anew, never read from a stale cache."""
+    computed anew, never read from a stale cache. ``totals``: the blocks' totals sorted, as float64 bytes,
+    kept where every total is finite and none is -0.0 (empty otherwise), so the next block's median is a
+    bisection, not a sort."""
 
     blocks: tuple[tuple[float, float, float, int], ...] = ()
     median: float = math.nan
+    totals: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -92,3 +92,66 @@ def test_other_marks_headroom_or_lead_take_the_numpy_path() -> None:
     assert reserve_fast.kept_reserve(blocks, 25.0, 0.9, 0.3, None, final, (), BLOCK) is None
     unordered = ((blocks[-1][0], 2.0), (blocks[-2][0], 2.0))
     assert reserve_fast.kept_reserve(blocks, 20.0, 0.9, 0.3, None, final, unordered, BLOCK) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([1.0, 5.0, 5.0, 5.0, 7.5, 30.0, 1e-9]),
+            st.floats(min_value=0.0, max_value=50.0),
+            st.sampled_from([0.0, 1.0, 2.5, 50.0]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 30),
+    st.sampled_from([4.999, 5.0, 20.0, 60.0, 120.0]),
+)
+def test_the_newest_peaks_are_the_windows_most(
+    rows: list[tuple[float, float, float]], m: int, lead_s: float
+) -> None:
+    """_newest_peaks (a running most over the suffix of windows that reach the newest block, a slice before
+    it) against its definition: the most of the next ``m`` blocks within the lead, -inf where none is, with
+    gaps and ties."""
+    t, now = [], 1000.0
+    for step, _, _ in rows:
+        now += step
+        t.append(now)
+    v0, v1 = [r[1] for r in rows], [r[2] for r in rows]
+    lead = lead_s + 1e-9
+    got = reserve_fast._newest_peaks(t, v0, v1, m, lead)
+    for v, p in zip((v0, v1), got, strict=True):
+        want = []
+        for i in range(len(t)):
+            inside = [v[j] for j in range(i + 1, min(i + m, len(t) - 1) + 1) if not t[j] - t[i] > lead]
+            want.append(max(inside) if inside else -math.inf)
+        assert p == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(30, 160),
+    st.integers(0, 12),
+    st.sampled_from([10.0, 60.0, 120.0]),
+    st.sampled_from([0.0, 0.3]),
+    st.lists(st.sampled_from([1.5, math.inf]), max_size=8),
+)
+def test_the_moved_cache_is_the_cache_built_anew(
+    n: int, seed: int, lead_s: float, h: float, factors: list[float]
+) -> None:
+    """The cache the fast path moves on block by block (sorted rises and peaks as float64 bytes, rises,
+    marks) is byte for byte the one the numpy path builds over every block."""
+    blocks = _blocks(n, seed)
+    marks = tuple((blocks[3 + 5 * k][0], f) for k, f in enumerate(factors) if 3 + 5 * k < n)
+    final = LeadPeaks()
+    for k in range(20, n + 1):
+        view, on = blocks[:k], tuple(x for x in marks if x[0] <= blocks[k - 1][0])
+        _, final = stages.burst_reserve_kept(view, lead_s, 0.9, h, None, final, on)
+        _, plain = stages.burst_reserve_kept(view, lead_s, 0.9, h, None, LeadPeaks(), on)
+        assert (final.rows, final.rises, final.ordered, final.marks) == (
+            plain.rows,
+            plain.rises,
+            plain.ordered,
+            plain.marks,
+        )

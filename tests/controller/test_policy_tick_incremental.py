@@ -230,3 +230,68 @@ def test_the_kept_block_median_is_the_median_of_the_completed_blocks(
     if len(blocks) >= 2:
         copies = tuple((b[0], b[1], b[2], b[3]) for b in blocks[:-1])  # equal rows, other objects
         assert stages.block_median(copies, cache)[1] is not cache
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    needs=st.lists(
+        st.tuples(
+            st.one_of(
+                st.floats(min_value=0.0, max_value=50.0), st.sampled_from([0.0, -0.0, math.inf, math.nan])
+            ),
+            st.floats(min_value=0.0, max_value=50.0),
+        ),
+        min_size=1,
+        max_size=120,
+    ),
+    steps=st.lists(st.sampled_from([1.0, 1.0, 1.0, 3.0, 12.0, 31.0]), min_size=120, max_size=120),
+    keep_s=st.sampled_from([20.0, 60.0, 600.0]),
+)
+def test_the_moved_block_median_is_the_sorted_one(
+    needs: list[tuple[float, float]], steps: list[float], keep_s: float
+) -> None:
+    """block_median moved on block by block (oldest blocks dropped by ``keep_s``, gaps, totals NaN, inf and
+    -0.0) against the median of the completed blocks sorted anew: the same float (NaN for NaN), and the
+    sorted totals it keeps are those blocks' totals sorted, whenever it keeps them."""
+    blocks: tuple[tuple[float, float, float, int], ...] = ()
+    cache = BlockMedian()
+    now = 1000.0
+    for need, step in zip(needs, steps, strict=False):
+        now += step
+        blocks, opened = stages.update_need_blocks(blocks, now, need, keep_s)
+        if opened and len(blocks) >= 2:
+            median, cache = stages.block_median(blocks[:-1], cache)
+            totals = stages.block_totals(blocks[:-1])
+            assert _same(median, stages._median(totals))
+            if cache.totals:
+                assert cache.totals == np.asarray(sorted(totals), dtype=np.float64).tobytes()
+            elif all(math.isfinite(x) and not (x == 0 and math.copysign(1, x) < 0) for x in totals):
+                raise AssertionError("plain totals not kept")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    needs=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 1.0, 2.0, 9.0, 30.0, -0.0, math.inf, math.nan]),
+            st.sampled_from([0.0, 1.0, 4.0]),
+            st.sampled_from([5.0, 5.0, 5.0, 10.0, 5.0000001]),
+        ),
+        max_size=30,
+    ),
+    median=st.sampled_from([0.0, 1.0, 3.0, math.nan]),
+    headroom=st.sampled_from([0.0, 0.3]),
+)
+def test_the_leading_run_reads_each_total_as_block_totals_does(
+    needs: list[tuple[float, float, float]], median: float, headroom: float
+) -> None:
+    """leading_run reading each block's total as it goes (totals None, update_burst_runs' call) against it
+    with every total computed first (block_totals), over gaps, ties, NaN, inf and -0.0."""
+    blocks, start = [], 1000.0
+    for p, d, step in needs:
+        blocks.append((start, p, d, 5))
+        start += step
+    rows = tuple(blocks)
+    assert stages.leading_run(rows, None, median, headroom) == stages.leading_run(
+        rows, stages.block_totals(rows), median, headroom
+    )
