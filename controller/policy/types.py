@@ -151,8 +151,9 @@ class PackedRates:
 class BlockMedian:
     """The median total need (prefill + decode instances) of the completed need blocks ``blocks``
     (``stages.block_median``): the burst runs and the short-burst test judge blocks against it, and it changes
-    only when a block completes. Matched to the blocks row by row by identity, so any other blocks are
-    computed anew, never read from a stale cache. ``totals``: the blocks' totals sorted, as float64 bytes,
+    only when a block completes. Read back only for these very rows (identity), or moved on to rows that
+    continue a suffix of them (``stages._moved``: matched by value, which gives the same totals), so any other
+    blocks are computed anew, never read from a stale cache. ``totals``: the blocks' totals sorted, as float64 bytes,
     kept where every total is finite and none is -0.0 (empty otherwise), so the next block's median is a
     bisection, not a sort."""
 
