@@ -968,7 +968,8 @@ def hysteresis_stage(
     if current > 0 and abs(target - current) / current <= cfg.tolerance:
         target = current
     if target > current + fast_up and cold_persist_s > 0:
-        lasting = min(w for t, w in (*kept, (now_s, wanted)) if now_s - t < cold_persist_s)
+        # this tick's own target always counts (a NaN now_s has no window: no wait, not an empty min)
+        lasting = min(min((w for t, w in kept if now_s - t < cold_persist_s), default=wanted), wanted)
         if lasting < target:
             kept_to = max(lasting, current + fast_up)
             reason = (

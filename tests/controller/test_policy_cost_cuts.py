@@ -207,6 +207,15 @@ def test_cold_start_waits_for_a_lasting_target(
     assert got == target, label
 
 
+def test_cold_start_wait_without_a_clock_is_no_wait() -> None:
+    """A NaN time has no window: the wait does not apply (it raised on an empty min before), as with no wait."""
+    cfg = PolicyConfig(ramp_up_s=0.0)
+    history = _hist((96.0, 2), (98.0, 2), (99.0, 2))
+    got, _, _ = stages.hysteresis_stage("prefill", 6, 2, math.nan, cfg, history, True, 0, cold_persist_s=30.0)
+    off, _, _ = stages.hysteresis_stage("prefill", 6, 2, math.nan, cfg, history, True, 0, cold_persist_s=0.0)
+    assert got == off
+
+
 def _spike_plan(
     cfg: PolicyConfig, *, waiting: float, quiet_s: int, role: str = "prefill", spike_rps: float = 12.0
 ) -> int:
