@@ -56,11 +56,12 @@ def _parse_end_s(text: str | None) -> float:
     return when.timestamp()
 
 
-def _synthetic_fn(shapes: str = "mmpp", rate_range: tuple[float, float] = (0.5, 40.0)) -> Any:
-    """The workload generator's synthetic traffic as ``(rng, duration_s) -> Trace`` (``training.synthetic``)."""
-    from training.synthetic import synthetic_fn
+def _synthetic_fn(shapes: str = "mmpp", rate_range: tuple[float, float] | None = None) -> Any:
+    """The workload generator's synthetic traffic as ``(rng, duration_s) -> Trace`` (``training.synthetic``;
+    ``rate_range`` None: its ``DEFAULT_RATE_RANGE``)."""
+    from training.synthetic import DEFAULT_RATE_RANGE, synthetic_fn
 
-    return synthetic_fn(shapes, rate_range)
+    return synthetic_fn(shapes, DEFAULT_RATE_RANGE if rate_range is None else rate_range)
 
 
 # fit and tune read Prometheus the same way (one definition of the option they share)
@@ -340,8 +341,10 @@ def fit_cmd(
         raise typer.BadParameter(
             f"--synthetic-rate-range {synthetic_rate_range!r}: give LOW,HIGH with 0 < LOW <= HIGH"
         )
-    if synthetic_shapes not in ("mmpp", "mixed"):
-        raise typer.BadParameter(f"--synthetic-shapes {synthetic_shapes!r}: one of mmpp, mixed")
+    from training.synthetic import DEFAULT_RATE_RANGE, SHAPES
+
+    if synthetic_shapes not in SHAPES:
+        raise typer.BadParameter(f"--synthetic-shapes {synthetic_shapes!r}: one of {', '.join(SHAPES)}")
     if level_halflife_s < 0:
         raise typer.BadParameter(f"--level-halflife-s {level_halflife_s}: must be >= 0 seconds (0 = off)")
     if level_of not in LEVEL_SOURCES:
@@ -380,7 +383,7 @@ def fit_cmd(
         augment=augment,
         synthetic=_synthetic_fn(synthetic_shapes, (syn_rates[0], syn_rates[1])) if synthetic > 0 else None,
         synthetic_info=None
-        if synthetic_shapes == "mmpp" and syn_rates == (0.5, 40.0)
+        if synthetic_shapes == "mmpp" and syn_rates == DEFAULT_RATE_RANGE
         else {"shapes": synthetic_shapes, "rate_range": list(syn_rates)},
         seed=seed,
     )

@@ -126,8 +126,8 @@ def _factors(
     return out
 
 
-def _doubles(values: bytes) -> array[float]:
-    """Sorted float64 bytes (``LeadPeaks.ordered``) as an array to bisect, insert into and delete from."""
+def doubles(values: bytes) -> array[float]:
+    """Sorted float64 bytes (``LeadPeaks.ordered``, ``BlockMedian.totals``) as an array to bisect, insert into and delete from."""
     out = array("d")
     out.frombytes(values)
     return out
@@ -217,7 +217,7 @@ def kept_reserve(
     if math.isnan(sum(r0) + sum(r1)):  # (inf × 0 in an absurd factor): NaN sorts apart from numpy's order
         return None
     ok = [p > -_INF for p in p0]
-    ordered = [_doubles(x) for x in final.ordered]  # rises prefill, rises decode, peaks prefill, peaks decode
+    ordered = [doubles(x) for x in final.ordered]  # rises prefill, rises decode, peaks prefill, peaks decode
     for k in range(d):  # the blocks that left the window leave the sorted values
         if rows[5 * k + 3] > -_INF:
             for lst, x in zip(

@@ -12,7 +12,6 @@ import itertools
 import math
 import operator
 from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -172,8 +171,7 @@ def _moved(completed: tuple[tuple[float, float, float, int], ...], cache: BlockM
         return None
     if cache.blocks[d:] != completed[: n - new]:  # (tuple ==: identity first, then value, in C)
         return None
-    out = array("d")
-    out.frombytes(cache.totals)
+    out = reserve_fast.doubles(cache.totals)
     for b in cache.blocks[:d]:
         x = float(b[1] + b[2])
         at = bisect.bisect_left(out, x)
@@ -1670,7 +1668,7 @@ def update_burst_runs(
     end = start + NEED_BLOCK_S
     runs = tuple(r for r in runs if end - r[1] <= keep_s)
     if not runs and end - blocks[0][0] < keep_s:
-        runs = leading_run(blocks[:-1], None, median, headroom)
+        runs = leading_run(blocks[:-1], median, headroom)
     if not _is_high(need, median, headroom):
         return runs
     if runs and runs[-1][1] >= start - 1e-9:
@@ -1679,24 +1677,18 @@ def update_burst_runs(
 
 
 def leading_run(
-    blocks: tuple[tuple[float, float, float, int], ...],
-    totals: Sequence[float] | None,
-    median: float,
-    headroom: float,
+    blocks: tuple[tuple[float, float, float, int], ...], median: float, headroom: float
 ) -> tuple[tuple[float, float], ...]:
     """The run of consecutive high blocks (``_is_high`` against ``median``) that the completed ``blocks``
     start with, as one (start_s, end_s) run; () when the first block is not high. The last completed block is
     left to ``update_burst_runs``, which judges it next (and extends the run when it is high too).
-    Consecutive means on the ``NEED_BLOCK_S`` grid: a gap in the data ends the run. ``totals``: the blocks'
-    totals; None: each block's total read as the run is (``block_totals``' float, for the few blocks it
-    reaches, not one per block of the window)."""
+    Consecutive means on the ``NEED_BLOCK_S`` grid: a gap in the data ends the run. Each block's total is
+    read as the run reaches it (``block_totals``' float), not one per block of the window."""
     k = 0
     while (
         k < len(blocks) - 1
         and abs(blocks[k][0] - (blocks[0][0] + k * NEED_BLOCK_S)) < 1e-6
-        and _is_high(
-            float(blocks[k][1] + blocks[k][2]) if totals is None else float(totals[k]), median, headroom
-        )
+        and _is_high(float(blocks[k][1] + blocks[k][2]), median, headroom)
     ):
         k += 1
     return ((blocks[0][0], blocks[k - 1][0] + NEED_BLOCK_S),) if k > 0 else ()
