@@ -16,7 +16,9 @@ values of the last ``window`` outputs, the ``[o, attn]`` trunk with exact (erf) 
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,32 @@ from forecaster.features import (
 )
 from forecaster.netconfig import NetConfig, parameter_shapes
 from forecaster.types import ForecastBatch
+
+logger = logging.getLogger(__name__)
+
+#: ``PDSCALE_NUMBA=0`` (or ``false``/``no``/``off``) makes ``kernel="auto"`` run the pure-numpy step.
+NUMBA_ENV = "PDSCALE_NUMBA"
+KERNELS = ("auto", "numba", "numpy")
+
+
+def resolve_kernel(kernel: str) -> str:
+    """``"numba"`` or ``"numpy"``: which step ``NumpyNet(kernel=...)`` runs. ``"auto"``: the compiled kernels
+    (:mod:`forecaster.kernels`) unless ``PDSCALE_NUMBA`` is off or numba does not import; ``"numba"``: those or
+    an error; ``"numpy"``: the pure-numpy step."""
+    if kernel not in KERNELS:
+        raise ValueError(f"NumpyNet: kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "numpy":
+        return "numpy"
+    if kernel == "auto" and os.environ.get(NUMBA_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return "numpy"
+    try:
+        import forecaster.kernels  # noqa: F401  (numba: compiled on first use, cached on disk)
+    except ImportError as exc:
+        if kernel == "numba":
+            raise ImportError(f"NumpyNet(kernel='numba'): numba is not usable here: {exc}") from exc
+        logger.warning("numba does not import (%s): the forecaster runs its pure-numpy step", exc)
+        return "numpy"
+    return "numba"
 
 
 def decode_totals(q: np.ndarray, normalizer: Normalizer, offsets: np.ndarray | None = None) -> np.ndarray:
@@ -192,8 +220,9 @@ class RingState:
     whole rows. LSTM ``h``/``c`` ``[blocks, layers, H, block]``; the rings of attention keys and values, in
     the order each contraction reads them fastest: for the blocked layout keys ``[blocks, heads, window,
     head_dim, block]`` and values ``[blocks, heads, head_dim, window, block]`` (numpy's einsum), for the
-    small-N layout (one block, ``small``) node-major keys ``[N, heads, head_dim, window]`` and values ``[N,
-    heads, window, head_dim]`` (stacked matrix products); steps consumed per column ``[blocks * block]``
+    node-major layout (``small``: one block up to ``small_n`` nodes, any number of blocks for the compiled
+    kernels) keys ``[N, heads, head_dim, window]`` and values ``[N, heads, window, head_dim]`` (stacked
+    matrix products, or one pass per node in :func:`forecaster.kernels.attend_rings`); steps consumed per column ``[blocks * block]``
     (padding columns start at ``window``), the baseline skip's EWMA sums ``[N, 2K, J]`` (empty when off), and
     ``scratch``: one block's preallocated work arrays (not state; :meth:`keep` leaves them)."""
 
@@ -241,6 +270,7 @@ class _Scratch:
     input is ``[attention; o; 1]``, so ``top`` (``[o; 1]``, the input of q/k/v) is a view of it."""
 
     def __init__(self, net: NumpyNet, b: int, blocks: int, small: bool) -> None:
+        small = small and net.kernel == "numpy"  # the compiled attention needs none of the stacked arrays
         cfg, dt, hd = net.config, net.dtype, net.config.hidden
         nh, dh, w = net.heads, net.head_dim, cfg.window
 
@@ -262,6 +292,8 @@ class _Scratch:
             self.score_max = np.empty((b, nh, 1, 1), dt)
             self.score_sum = np.empty((b, nh, 1, 1), dt)
             self.att_nodes = np.empty((b, nh, 1, dh), dt)
+        elif net.kernel == "numba":
+            self.scores = np.empty((b, nh, w), dt)
         else:
             self.scores = np.empty((nh, w, b), dt)
             self.score_max = np.empty((nh, 1, b), dt)
@@ -336,7 +368,10 @@ class NumpyNet:
     in blocks of nodes (:class:`RingState`, :meth:`layout`): per tick and block, one matrix product per LSTM
     layer, one for q/k/v, the trunk (``o_proj`` folded in) and the heads each, element-wise stages in place,
     and the attention as two contractions over the ring. ``block``: nodes per block (above ``small_n``);
-    ``small_n``: up to this many nodes, one block with node-major rings.
+    ``small_n``: up to this many nodes, one block with node-major rings. ``kernel``: ``"numba"`` runs the
+    element-wise stages and the attention as compiled one-pass kernels (:mod:`forecaster.kernels`, node-major
+    rings in every block; the products stay in BLAS), ``"numpy"`` the pure-numpy step, ``"auto"`` (default)
+    numba when it imports and ``PDSCALE_NUMBA`` is not ``0`` (:func:`resolve_kernel`).
     """
 
     def __init__(
@@ -347,7 +382,9 @@ class NumpyNet:
         dtype: type[np.floating[Any]] = np.float32,
         block: int = DEFAULT_BLOCK,
         small_n: int = DEFAULT_SMALL_N,
+        kernel: str = "auto",
     ) -> None:
+        self.kernel = resolve_kernel(kernel)
         if block < 1 or small_n < 0:
             raise ValueError(f"NumpyNet: block must be >= 1 and small_n >= 0, got {block} and {small_n}")
         self.block, self.small_n = block, small_n
@@ -411,16 +448,27 @@ class NumpyNet:
             masks = np.asarray(config.baseline_masks, dtype=np.int64)
             self._base_mask_cols, self._base_has_mask = np.maximum(masks, 0), masks >= 0
             self._base_w, self._base_b = w("baseline_weight"), w("baseline_bias")
+        if self.kernel == "numba":
+            from forecaster import kernels
+
+            self._kernels = kernels
+            kernels.warm_up(self.dtype)  # compile (or load the disk cache) now, not in the first tick
+        logger.info(
+            "forecaster step: %s (%s)",
+            self.kernel,
+            "compiled kernels, forecaster/kernels.py" if self.kernel == "numba" else "pure numpy",
+        )
 
     def layout(self, n: int) -> tuple[int, int, bool]:
         """How ``n`` nodes are stepped: ``(blocks, block, small)``. Up to ``small_n`` nodes, one block with the
         node-major rings (stacked products: numpy's einsum runs its inner loops over the nodes, slow when
         they are few); above, ``ceil(n / block)`` blocks of equal size (the last padded), so one block's
-        work arrays stay in the core's cache while the rings stream through it."""
+        work arrays stay in the core's cache while the rings stream through it. The compiled kernels keep
+        node-major rings in every block (``small`` is then always true)."""
         if n <= self.small_n:
             return 1, n, True
         blocks = -(-n // self.block)
-        return blocks, -(-n // blocks), False
+        return blocks, -(-n // blocks), self.kernel == "numba"
 
     def new_state(self, n: int) -> RingState:
         cfg, dt = self.config, self.dtype
@@ -453,7 +501,9 @@ class NumpyNet:
             m = min(b, n - lo)  # the last block's padding columns keep the previous block's (finite) values
             s.lstm_in[0][: self.config.n_inputs, :m] = z[lo : lo + m].T
             self._lstm(state, blk)
-            if state.small:
+            if self.kernel == "numba":
+                self._attend_compiled(state, lo, m, tick)
+            elif state.small:
                 self._attend_small(state, tick)
             else:
                 self._attend(state, blk, tick)
@@ -478,6 +528,14 @@ class NumpyNet:
             x_h = s.lstm_in[layer]
             x_h[-1 - hd : -1] = h[layer]
             np.matmul(weight, x_h, out=s.gates)  # [-i, -f, -o, -2g]
+            nxt = s.lstm_in[layer + 1] if layer + 1 < len(self._lstm_w) else s.top
+            if self.kernel == "numba":  # numpy's SIMD exp and tanh, the cell's arithmetic in one pass
+                np.exp(s.gates, out=s.gates)
+                self._kernels.lstm_cell(s.gates, c[layer], hd)
+                np.tanh(c[layer], out=s.work[0])
+                np.multiply(s.gates[2 * hd : 3 * hd], s.work[0], out=nxt[:hd])
+                h[layer] = nxt[:hd]
+                continue
             _recip_1p_exp_(s.gates)  # σ(i), σ(f), σ(o), σ(2g): one pass for all four
             i_g, f_g, o_g, g = (s.gates[j * hd : (j + 1) * hd] for j in range(4))
             g *= 2.0
@@ -488,7 +546,6 @@ class NumpyNet:
             c_l += g
             tanh_c = s.work[0]
             np.tanh(c_l, out=tanh_c)
-            nxt = s.lstm_in[layer + 1] if layer + 1 < len(self._lstm_w) else s.top
             np.multiply(o_g, tanh_c, out=nxt[:hd])
             h[layer] = nxt[:hd]
 
@@ -515,6 +572,18 @@ class NumpyNet:
         att = s.att.reshape(nh, dh, b)
         np.einsum("htn,hdtn->hdn", scores, values, out=att)
         att /= s.score_sum
+
+    def _attend_compiled(self, state: RingState, lo: int, m: int, tick: int) -> None:
+        """:meth:`_attend` with the compiled kernels over the node-major rings of nodes ``lo .. lo+m-1``: the
+        ring write, the masked scores in one pass over each node's keys, numpy's (SIMD) ``exp``, then the
+        weighted sum in one pass over its values."""
+        s = state.scratch
+        np.matmul(self._qkv, s.top, out=s.qkv)
+        slot = tick % self.config.window
+        self._kernels.ring_write(s.qkv, state.k, state.v, lo, m, slot)
+        self._kernels.ring_scores(s.qkv, state.k, state.count, lo, m, slot, s.scores)
+        np.exp(s.scores[:m], out=s.scores[:m])
+        self._kernels.ring_weighted_sum(s.scores, state.v, lo, m, s.att)
 
     def _attend_small(self, state: RingState, tick: int) -> None:
         """:meth:`_attend` for the node-major rings (one block): the contractions as stacked products."""
@@ -574,9 +643,9 @@ class NumpyLearnedForecaster(StreamingBase):
 
     @classmethod
     def from_data(
-        cls, data: CheckpointData, *, dtype: type[np.floating[Any]] = np.float32
+        cls, data: CheckpointData, *, dtype: type[np.floating[Any]] = np.float32, kernel: str = "auto"
     ) -> NumpyLearnedForecaster:
-        net = NumpyNet(data.weights, data.net_config, dtype=dtype)
+        net = NumpyNet(data.weights, data.net_config, dtype=dtype, kernel=kernel)
         return cls(net, data.schema, data.normalizer, data.horizon_s, data.model_version)
 
     @classmethod
@@ -586,9 +655,11 @@ class NumpyLearnedForecaster(StreamingBase):
         expect_schema: FeatureSchema | None = None,
         *,
         dtype: type[np.floating[Any]] = np.float32,
+        kernel: str = "auto",
     ) -> NumpyLearnedForecaster:
-        """Read a checkpoint (:func:`forecaster.checkpoint.read_checkpoint`: every check, no torch) and wrap it."""
-        return cls.from_data(read_checkpoint(path, expect_schema), dtype=dtype)
+        """Read a checkpoint (:func:`forecaster.checkpoint.read_checkpoint`: every check, no torch) and wrap it;
+        ``kernel``: :class:`NumpyNet`'s."""
+        return cls.from_data(read_checkpoint(path, expect_schema), dtype=dtype, kernel=kernel)
 
     def _reset_net(self, n: int) -> None:
         self._ring = self.net.new_state(n)

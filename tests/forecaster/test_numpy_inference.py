@@ -14,9 +14,12 @@ are ``expm1`` of the normalised outputs, so they agree to a relative ``ATOL`` ti
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +29,13 @@ from hypothesis import strategies as st
 
 from forecaster.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from forecaster.features import DEFAULT_SCHEMA, Normalizer, encode_inputs
-from forecaster.inference import DEFAULT_BLOCK, DEFAULT_SMALL_N, NumpyLearnedForecaster, NumpyNet
+from forecaster.inference import (
+    DEFAULT_BLOCK,
+    DEFAULT_SMALL_N,
+    NUMBA_ENV,
+    NumpyLearnedForecaster,
+    NumpyNet,
+)
 from forecaster.netconfig import NetConfig, parameter_shapes
 from forecaster.network import LstmAttentionNet
 from forecaster.streaming import LearnedForecaster
@@ -69,15 +78,23 @@ def _net(cfg: NetConfig, seed: int) -> LstmAttentionNet:
     return net.eval()
 
 
-def _numpy(net: LstmAttentionNet, layout: tuple[int, int] = (DEFAULT_BLOCK, DEFAULT_SMALL_N)) -> NumpyNet:
+def _numpy(
+    net: LstmAttentionNet,
+    layout: tuple[int, int] = (DEFAULT_BLOCK, DEFAULT_SMALL_N),
+    kernel: str = "numpy",
+    dtype: type[np.floating[Any]] = np.float32,
+) -> NumpyNet:
     block, small_n = layout
     weights = {k: v.numpy() for k, v in net.state_dict().items()}
-    return NumpyNet(weights, net.config, block=block, small_n=small_n)
+    return NumpyNet(weights, net.config, block=block, small_n=small_n, kernel=kernel, dtype=dtype)
 
 
 # (block, small_n): the default; blocks of 2 (several blocks, the last padded when N is odd) and of 3 (the
 # node-major rings up to one node)
 LAYOUTS = st.sampled_from([(DEFAULT_BLOCK, DEFAULT_SMALL_N), (2, 0), (3, 1)])
+# the pure-numpy step and the compiled kernels (forecaster/kernels.py), whenever numba is installed
+KERNEL_NAMES = ["numpy", "numba"] if importlib.util.find_spec("numba") else ["numpy"]
+KERNELS = st.sampled_from(KERNEL_NAMES)
 
 
 @pytest.mark.parametrize("skip", [False, True], ids=["plain", "baseline-skip"])
@@ -101,9 +118,18 @@ def test_parameter_shapes_are_the_torch_state_dict(
     n=st.integers(1, 5),
     seed=st.integers(0, 2**16),
     layout=LAYOUTS,
+    kernel=KERNELS,
 )
 def test_numpy_step_equals_the_windowed_forward_and_torch_streaming(
-    window: int, t: int, layers: int, heads: int, skip: bool, n: int, seed: int, layout: tuple[int, int]
+    window: int,
+    t: int,
+    layers: int,
+    heads: int,
+    skip: bool,
+    n: int,
+    seed: int,
+    layout: tuple[int, int],
+    kernel: str,
 ) -> None:
     net = _net(_config(window, layers, heads, skip, (0.5, 0.9)), seed)
     z = np.random.default_rng(seed).standard_normal((n, t, DEFAULT_SCHEMA.n_inputs)).astype(np.float32)
@@ -112,7 +138,7 @@ def test_numpy_step_equals_the_windowed_forward_and_torch_streaming(
         full = net(torch.from_numpy(z))  # the windowed (training) forward
     stream = LearnedForecaster(net, DEFAULT_SCHEMA, Normalizer.identity(), 5.0, "t")
     stream.reset([str(i) for i in range(n)])
-    npn = _numpy(net, layout)
+    npn = _numpy(net, layout, kernel)
     state = npn.new_state(n)
     for i in range(t):
         q, logit = npn.step(state, z[:, i], i)
@@ -139,6 +165,7 @@ def _raw(rng: np.random.Generator, n: int, t: int, p_missing: float) -> tuple[np
     churn=st.lists(st.sets(st.sampled_from("abcdef"), min_size=1, max_size=5), min_size=1, max_size=4),
     skip=st.booleans(),
     layout=st.sampled_from([(DEFAULT_BLOCK, DEFAULT_SMALL_N), (2, 2)]),
+    kernel=KERNELS,
 )
 def test_numpy_forecaster_equals_the_torch_forecaster_with_masks_nans_and_node_changes(
     seed: int,
@@ -147,6 +174,7 @@ def test_numpy_forecaster_equals_the_torch_forecaster_with_masks_nans_and_node_c
     churn: list[set[str]],
     skip: bool,
     layout: tuple[int, int],
+    kernel: str,
 ) -> None:
     """Through ``step`` on raw channels: NaN and masked inputs, an outage longer than the window (NaN
     forecasts, the same in both), and the node set changing every 10 steps (``ensure_nodes``; with blocks
@@ -160,7 +188,7 @@ def test_numpy_forecaster_equals_the_torch_forecaster_with_masks_nans_and_node_c
     x[~mask] = np.nan
     y = rng.gamma(2.0, 50.0, size=(6, 40, len(TARGETS)))
     nz = Normalizer.fit(x, mask, y) if mask.any() else Normalizer.identity()
-    ours = NumpyLearnedForecaster(_numpy(net, layout), DEFAULT_SCHEMA, nz, 5.0, "m")
+    ours = NumpyLearnedForecaster(_numpy(net, layout, kernel), DEFAULT_SCHEMA, nz, 5.0, "m")
     ref = LearnedForecaster(net, DEFAULT_SCHEMA, nz, 5.0, "m")
     rows = {nid: i for i, nid in enumerate("abcdef")}
     for i in range(40):
@@ -180,10 +208,10 @@ def test_numpy_forecaster_equals_the_torch_forecaster_with_masks_nans_and_node_c
             )
 
 
-def test_float64_compute_from_the_same_weights_agrees_too() -> None:
+@pytest.mark.parametrize("kernel", KERNEL_NAMES)
+def test_float64_compute_from_the_same_weights_agrees_too(kernel: str) -> None:
     net = _net(_config(6, 2, 2, True, (0.5, 0.9)), 7)
-    weights = {k: v.numpy() for k, v in net.state_dict().items()}
-    n64 = NumpyNet(weights, net.config, dtype=np.float64)
+    n64 = _numpy(net, kernel=kernel, dtype=np.float64)
     z = np.random.default_rng(7).standard_normal((3, 20, DEFAULT_SCHEMA.n_inputs)).astype(np.float32)
     with torch.no_grad():
         full = net.double()(torch.from_numpy(z).double())  # the torch model in double precision
@@ -204,6 +232,7 @@ def test_numpy_net_rejects_weights_that_do_not_match() -> None:
         NumpyNet(weights, cfg)
 
 
+@pytest.mark.parametrize("kernel", KERNEL_NAMES)
 @pytest.mark.parametrize(
     ("n", "block", "small_n", "want"),
     [
@@ -216,11 +245,12 @@ def test_numpy_net_rejects_weights_that_do_not_match() -> None:
     ],
 )
 def test_layout_splits_nodes_into_equal_blocks(
-    n: int, block: int, small_n: int, want: tuple[int, int, bool]
+    n: int, block: int, small_n: int, want: tuple[int, int, bool], kernel: str
 ) -> None:
-    net = _numpy(_net(_config(4, 1, 2, False, (0.5, 0.9)), 0), (block, small_n))
+    net = _numpy(_net(_config(4, 1, 2, False, (0.5, 0.9)), 0), (block, small_n), kernel)
     blocks, size, small = net.layout(n)
-    assert (blocks, size, small) == want
+    # the compiled kernels keep node-major rings in every block
+    assert (blocks, size, small) == (*want[:2], want[2] or kernel == "numba")
     assert blocks * size >= n and (n == 0 or (blocks - 1) * size < n)  # less than one block of padding
     state = net.new_state(n)
     assert state.count.shape == (blocks * size,) and not state.count[:n].any()
@@ -302,3 +332,83 @@ def test_the_controller_runs_the_shipped_checkpoint_without_importing_torch() ->
     res = subprocess.run([sys.executable, "-c", _NO_TORCH], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]", res.stdout
+
+
+needs_numba = pytest.mark.skipif("numba" not in KERNEL_NAMES, reason="numba is not installed")
+
+
+@needs_numba
+@settings(max_examples=25, deadline=None)
+@given(
+    window=st.integers(1, 9),
+    t=st.integers(1, 30),
+    heads=st.sampled_from([1, 2, 4]),
+    n=st.integers(0, 9),
+    layout=LAYOUTS,
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_compiled_kernels_equal_the_numpy_step_through_ring_wrap_around(
+    window: int,
+    t: int,
+    heads: int,
+    n: int,
+    layout: tuple[int, int],
+    dtype: type[np.floating[Any]],
+    seed: int,
+) -> None:
+    """The numba step (node-major rings in blocks) against the pure-numpy one (blocked feature-major rings
+    above ``small_n``) on the same inputs, from empty rings (masked slots) through several wrap-arounds
+    (``t`` up to 30 steps over windows of 1–9), for node counts that leave the last block padded or empty,
+    both dtypes, including inputs large enough to saturate the gates (exp overflowing to inf)."""
+    net = _net(_config(window, 2, heads, seed % 2 == 0, (0.1, 0.5, 0.9)), seed)
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((n, t, DEFAULT_SCHEMA.n_inputs)) * rng.choice([1.0, 30.0], size=(n, t, 1))
+    ref, ours = _numpy(net, layout, "numpy", dtype), _numpy(net, layout, "numba", dtype)
+    s_ref, s_ours = ref.new_state(n), ours.new_state(n)
+    tol = ATOL if dtype is np.float32 else 1e-9
+    for i in range(t):
+        q_ref, l_ref = ref.step(s_ref, z[:, i].astype(dtype), i)
+        q, logit = ours.step(s_ours, z[:, i].astype(dtype), i)
+        assert q.dtype == dtype and q.shape == q_ref.shape
+        assert np.isfinite(q).all() and np.isfinite(logit).all()
+        np.testing.assert_allclose(q, q_ref, atol=tol, rtol=0, err_msg=f"t={i}")
+        np.testing.assert_allclose(logit, l_ref, atol=tol, rtol=0, err_msg=f"t={i}")
+    k_ref, v_ref = s_ref._ring_nodes(np.arange(n))
+    k, v = s_ours._ring_nodes(np.arange(n))
+    np.testing.assert_allclose(k, k_ref, atol=tol, rtol=0)  # the rings hold the same keys and values
+    np.testing.assert_allclose(v, v_ref, atol=tol, rtol=0)
+
+
+def test_numpy_net_rejects_an_unknown_kernel() -> None:
+    with pytest.raises(ValueError, match=r"kernel must be one of \('auto', 'numba', 'numpy'\), got 'cuda'"):
+        _numpy(_net(_config(4, 1, 2, False, (0.5, 0.9)), 0), kernel="cuda")
+
+
+@needs_numba
+@pytest.mark.parametrize(("env", "want"), [(None, "numba"), ("1", "numba"), ("0", "numpy"), ("off", "numpy")])
+def test_auto_kernel_follows_the_environment_and_says_which_runs(
+    env: str | None, want: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    if env is None:
+        monkeypatch.delenv(NUMBA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(NUMBA_ENV, env)
+    with caplog.at_level(logging.INFO, logger="forecaster.inference"):
+        net = _numpy(_net(_config(4, 1, 2, False, (0.5, 0.9)), 0), kernel="auto")
+    assert net.kernel == want
+    assert f"forecaster step: {want}" in caplog.text
+
+
+def test_auto_kernel_falls_back_to_numpy_without_numba(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba → ImportError
+    monkeypatch.delitem(sys.modules, "forecaster.kernels", raising=False)
+    monkeypatch.delenv(NUMBA_ENV, raising=False)
+    net = _net(_config(4, 1, 2, False, (0.5, 0.9)), 0)
+    with caplog.at_level(logging.INFO, logger="forecaster.inference"):
+        assert _numpy(net, kernel="auto").kernel == "numpy"
+    assert "numba does not import" in caplog.text and "forecaster step: numpy" in caplog.text
+    with pytest.raises(ImportError, match=r"kernel='numba'\): numba is not usable"):
+        _numpy(net, kernel="numba")
