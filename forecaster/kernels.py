@@ -29,7 +29,7 @@ _FLAGS = {"contract", "reassoc", "nsz", "arcp"}
 _jit = numba.njit(cache=True, nogil=True, fastmath=_FLAGS, error_model="numpy")
 
 
-@_jit  # type: ignore[misc]
+@_jit
 def lstm_cell(gates: Any, c: Any, hd: int) -> None:  # pragma: no cover - compiled
     """The LSTM cell's update from exponentiated pre-activations, in place.
 
@@ -47,7 +47,7 @@ def lstm_cell(gates: Any, c: Any, hd: int) -> None:  # pragma: no cover - compil
             go[n] = one / (one + go[n])
 
 
-@_jit  # type: ignore[misc]
+@_jit
 def ring_write(qkv: Any, keys: Any, values: Any, lo: int, m: int, slot: int) -> None:  # pragma: no cover
     """This step's keys and values into ring slot ``slot``: ``qkv [3 hd, b]`` feature-major q, k, v of
     block-local nodes ``0 .. m-1`` (global ``lo + n``); ``keys [N, heads, head_dim, window]``, ``values [N,
@@ -63,7 +63,7 @@ def ring_write(qkv: Any, keys: Any, values: Any, lo: int, m: int, slot: int) -> 
                 values[g, h, slot, d] = qkv[2 * hd + h * dh + d, n]
 
 
-@_jit  # type: ignore[misc]
+@_jit
 def ring_scores(
     qkv: Any, keys: Any, count: Any, lo: int, m: int, slot: int, scores: Any
 ) -> None:  # pragma: no cover
@@ -100,7 +100,7 @@ def ring_scores(
                 sc[t] -= top
 
 
-@_jit  # type: ignore[misc]
+@_jit
 def ring_weighted_sum(weights: Any, values: Any, lo: int, m: int, att: Any) -> None:  # pragma: no cover
     """The attention's output from the exponentiated scores: ``att [hd, b]`` ← Σ_t e_t v_t / Σ_t e_t per node
     and head, ``weights [b, heads, window]`` (``exp`` of :func:`ring_scores`' output, 0 for empty slots),
