@@ -16,9 +16,11 @@ values of the last ``window`` outputs, the ``[o, attn]`` trunk with exact (erf) 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,23 +48,20 @@ KERNELS = ("auto", "numba", "numpy")
 
 
 def resolve_kernel(kernel: str) -> str:
-    """``"numba"`` or ``"numpy"``: which step ``NumpyNet(kernel=...)`` runs. ``"auto"``: the compiled kernels
-    (:mod:`forecaster.kernels`) unless ``PDSCALE_NUMBA`` is off or numba does not import; ``"numba"``: those or
-    an error; ``"numpy"``: the pure-numpy step."""
+    """Which step ``NumpyNet(kernel=...)`` runs: ``"numpy"`` (pure numpy), ``"numba"`` (the compiled kernels of
+    :mod:`forecaster.kernels` for every node count; an error when numba does not import) or ``"auto"`` (the
+    compiled kernels for states of more than ``small_n`` nodes, numba imported only when the first such state
+    is made, pure numpy when it does not import), ``"numpy"`` also when ``PDSCALE_NUMBA`` is off."""
     if kernel not in KERNELS:
         raise ValueError(f"NumpyNet: kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "numpy":
-        return "numpy"
     if kernel == "auto" and os.environ.get(NUMBA_ENV, "").strip().lower() in ("0", "false", "no", "off"):
         return "numpy"
-    try:
-        import forecaster.kernels  # noqa: F401  (numba: compiled on first use, cached on disk)
-    except ImportError as exc:
-        if kernel == "numba":
+    if kernel == "numba":
+        try:
+            import forecaster.kernels  # noqa: F401  (numba: compiled on first use, cached on disk)
+        except ImportError as exc:
             raise ImportError(f"NumpyNet(kernel='numba'): numba is not usable here: {exc}") from exc
-        logger.warning("numba does not import (%s): the forecaster runs its pure-numpy step", exc)
-        return "numpy"
-    return "numba"
+    return kernel
 
 
 def decode_totals(q: np.ndarray, normalizer: Normalizer, offsets: np.ndarray | None = None) -> np.ndarray:
@@ -222,9 +221,10 @@ class RingState:
     head_dim, block]`` and values ``[blocks, heads, head_dim, window, block]`` (numpy's einsum), for the
     node-major layout (``small``: one block up to ``small_n`` nodes, any number of blocks for the compiled
     kernels) keys ``[N, heads, head_dim, window]`` and values ``[N, heads, window, head_dim]`` (stacked
-    matrix products, or one pass per node in :func:`forecaster.kernels.attend_rings`); steps consumed per column ``[blocks * block]``
+    matrix products, or one pass per node in :mod:`forecaster.kernels`); steps consumed per column ``[blocks * block]``
     (padding columns start at ``window``), the baseline skip's EWMA sums ``[N, 2K, J]`` (empty when off), and
-    ``scratch``: one block's preallocated work arrays (not state; :meth:`keep` leaves them)."""
+    ``scratch``: one block's preallocated work arrays (not state; :meth:`keep` leaves them); ``compiled``:
+    stepped by the numba kernels (``small`` is then true in every block)."""
 
     h: np.ndarray
     c: np.ndarray
@@ -234,6 +234,7 @@ class RingState:
     base: np.ndarray
     small: bool
     scratch: _Scratch
+    compiled: bool = False
 
     @property
     def block(self) -> int:
@@ -269,8 +270,8 @@ class _Scratch:
     Each product's input ends in a row of ones: the bias is the weight matrix's last column. The trunk's
     input is ``[attention; o; 1]``, so ``top`` (``[o; 1]``, the input of q/k/v) is a view of it."""
 
-    def __init__(self, net: NumpyNet, b: int, blocks: int, small: bool) -> None:
-        small = small and net.kernel == "numpy"  # the compiled attention needs none of the stacked arrays
+    def __init__(self, net: NumpyNet, b: int, blocks: int, small: bool, compiled: bool) -> None:
+        small = small and not compiled  # the compiled attention needs none of the stacked arrays
         cfg, dt, hd = net.config, net.dtype, net.config.hidden
         nh, dh, w = net.heads, net.head_dim, cfg.window
 
@@ -292,7 +293,7 @@ class _Scratch:
             self.score_max = np.empty((b, nh, 1, 1), dt)
             self.score_sum = np.empty((b, nh, 1, 1), dt)
             self.att_nodes = np.empty((b, nh, 1, dh), dt)
-        elif net.kernel == "numba":
+        elif compiled:
             self.scores = np.empty((b, nh, w), dt)
         else:
             self.scores = np.empty((nh, w, b), dt)
@@ -371,7 +372,11 @@ class NumpyNet:
     ``small_n``: up to this many nodes, one block with node-major rings. ``kernel``: ``"numba"`` runs the
     element-wise stages and the attention as compiled one-pass kernels (:mod:`forecaster.kernels`, node-major
     rings in every block; the products stay in BLAS), ``"numpy"`` the pure-numpy step, ``"auto"`` (default)
-    numba when it imports and ``PDSCALE_NUMBA`` is not ``0`` (:func:`resolve_kernel`).
+    the compiled kernels above ``small_n`` nodes only, where they pay (numba and LLVM add ~115 MB of RSS, and
+    below 64 nodes the step is under a millisecond either way), falling back to numpy when numba does not
+    import; ``PDSCALE_NUMBA=0`` makes it ``"numpy"`` (:func:`resolve_kernel`). The kernels are compiled, or
+    loaded from numba's disk cache, when the net is built (``"numba"``) or when it first makes a state above
+    ``small_n`` nodes (``"auto"``): 0.6 s with the cache, ~2 s without (docs/BENCHMARKS.md, s11n).
     """
 
     def __init__(
@@ -448,32 +453,61 @@ class NumpyNet:
             masks = np.asarray(config.baseline_masks, dtype=np.int64)
             self._base_mask_cols, self._base_has_mask = np.maximum(masks, 0), masks >= 0
             self._base_w, self._base_b = w("baseline_weight"), w("baseline_bias")
+        self._kernels: Any = None
         if self.kernel == "numba":
-            from forecaster import kernels
-
-            self._kernels = kernels
-            kernels.warm_up(self.dtype)  # compile (or load the disk cache) now, not in the first tick
+            self._load_kernels()
         logger.info(
             "forecaster step: %s (%s)",
             self.kernel,
-            "compiled kernels, forecaster/kernels.py" if self.kernel == "numba" else "pure numpy",
+            {
+                "numba": "compiled kernels, forecaster/kernels.py",
+                "numpy": "pure numpy",
+                "auto": f"compiled kernels above {small_n} nodes if numba imports, pure numpy up to it",
+            }[self.kernel],
         )
+
+    def _load_kernels(self) -> bool:
+        """Import :mod:`forecaster.kernels` and compile them (or load numba's disk cache); False (and the pure
+        numpy step from now on) when ``kernel="auto"`` and numba does not import."""
+        if self._kernels is not None:
+            return True
+        t0 = time.perf_counter()
+        try:
+            kernels = importlib.import_module("forecaster.kernels")
+        except ImportError as exc:
+            if self.kernel == "numba":
+                raise
+            logger.warning("numba does not import (%s): the forecaster runs its pure-numpy step", exc)
+            self.kernel = "numpy"
+            return False
+        kernels.warm_up(self.dtype)
+        self._kernels = kernels
+        logger.info("forecaster step: numba kernels ready in %.2f s", time.perf_counter() - t0)
+        return True
+
+    def compiled_for(self, n: int) -> bool:
+        """Whether a state of ``n`` nodes is stepped by the compiled kernels (``"auto"``: loads them the first
+        time it says yes)."""
+        if self.kernel == "numpy" or (self.kernel == "auto" and n <= self.small_n):
+            return False
+        return self._load_kernels()
 
     def layout(self, n: int) -> tuple[int, int, bool]:
         """How ``n`` nodes are stepped: ``(blocks, block, small)``. Up to ``small_n`` nodes, one block with the
         node-major rings (stacked products: numpy's einsum runs its inner loops over the nodes, slow when
         they are few); above, ``ceil(n / block)`` blocks of equal size (the last padded), so one block's
-        work arrays stay in the core's cache while the rings stream through it. The compiled kernels keep
-        node-major rings in every block (``small`` is then always true)."""
+        work arrays stay in the core's cache while the rings stream through it. The compiled kernels
+        (:meth:`compiled_for`) keep node-major rings in every block (``small`` is then always true)."""
         if n <= self.small_n:
             return 1, n, True
         blocks = -(-n // self.block)
-        return blocks, -(-n // blocks), self.kernel == "numba"
+        return blocks, -(-n // blocks), self.compiled_for(n)
 
     def new_state(self, n: int) -> RingState:
         cfg, dt = self.config, self.dtype
         nh, dh, w = self.heads, self.head_dim, cfg.window
         blocks, b, small = self.layout(n)
+        compiled = self.compiled_for(n)
         count = np.full(blocks * b, w, np.int64)  # padding columns: as if full, never masked
         count[:n] = 0
         return RingState(
@@ -484,7 +518,8 @@ class NumpyNet:
             count=count,
             base=np.zeros((n, 2 * cfg.n_targets if self.n_baselines else 0, self.n_baselines), dt),
             small=small,
-            scratch=_Scratch(self, b, blocks, small),
+            scratch=_Scratch(self, b, blocks, small, compiled),
+            compiled=compiled,
         )
 
     def step(self, state: RingState, z: np.ndarray, tick: int) -> tuple[np.ndarray, np.ndarray]:
@@ -501,7 +536,7 @@ class NumpyNet:
             m = min(b, n - lo)  # the last block's padding columns keep the previous block's (finite) values
             s.lstm_in[0][: self.config.n_inputs, :m] = z[lo : lo + m].T
             self._lstm(state, blk)
-            if self.kernel == "numba":
+            if state.compiled:
                 self._attend_compiled(state, lo, m, tick)
             elif state.small:
                 self._attend_small(state, tick)
@@ -529,7 +564,7 @@ class NumpyNet:
             x_h[-1 - hd : -1] = h[layer]
             np.matmul(weight, x_h, out=s.gates)  # [-i, -f, -o, -2g]
             nxt = s.lstm_in[layer + 1] if layer + 1 < len(self._lstm_w) else s.top
-            if self.kernel == "numba":  # numpy's SIMD exp and tanh, the cell's arithmetic in one pass
+            if state.compiled:  # numpy's SIMD exp and tanh, the cell's arithmetic in one pass
                 np.exp(s.gates, out=s.gates)
                 self._kernels.lstm_cell(s.gates, c[layer], hd)
                 np.tanh(c[layer], out=s.work[0])

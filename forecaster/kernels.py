@@ -12,7 +12,8 @@ in docs/BENCHMARKS.md, s11n). Single-threaded.
 Importing this module compiles nothing: each kernel compiles on its first call with the argument types it
 gets (float32 or float64) and is cached on disk (``cache=True``: ``__pycache__`` beside this file, or
 ``NUMBA_CACHE_DIR``), so later processes load the machine code. :class:`NumpyNet` calls :func:`warm_up` when
-it is built, so a controller pays that at start-up, never in a tick. The pure-numpy step (``kernel="numpy"``)
+it first makes a state the kernels step (``NumpyNet.compiled_for``: at ``reset`` / ``ensure_nodes``), not
+inside a step. The pure-numpy step (``kernel="numpy"``)
 stays the fallback when numba is missing or disabled (``PDSCALE_NUMBA=0``).
 """
 

@@ -320,7 +320,7 @@ while not isinstance(inner, NumpyLearnedForecaster):
 fc.reset(["a", "b"])
 out = fc.step(np.full((2, len(CHANNELS)), 3.0), np.ones((2, len(CHANNELS)), bool), 1.7e9)
 assert np.isfinite(out.arrivals_p90).all(), out
-print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "numba", "llvmlite")))
 """
 
 
@@ -386,8 +386,8 @@ def test_numpy_net_rejects_an_unknown_kernel() -> None:
 
 
 @needs_numba
-@pytest.mark.parametrize(("env", "want"), [(None, "numba"), ("1", "numba"), ("0", "numpy"), ("off", "numpy")])
-def test_auto_kernel_follows_the_environment_and_says_which_runs(
+@pytest.mark.parametrize(("env", "want"), [(None, "auto"), ("1", "auto"), ("0", "numpy"), ("off", "numpy")])
+def test_auto_kernel_compiles_above_small_n_follows_the_environment_and_says_which_runs(
     env: str | None, want: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     if env is None:
@@ -395,9 +395,12 @@ def test_auto_kernel_follows_the_environment_and_says_which_runs(
     else:
         monkeypatch.setenv(NUMBA_ENV, env)
     with caplog.at_level(logging.INFO, logger="forecaster.inference"):
-        net = _numpy(_net(_config(4, 1, 2, False, (0.5, 0.9)), 0), kernel="auto")
-    assert net.kernel == want
-    assert f"forecaster step: {want}" in caplog.text
+        net = _numpy(_net(_config(4, 1, 2, False, (0.5, 0.9)), 0), (2, 3), kernel="auto")
+        assert net.kernel == want
+        assert f"forecaster step: {want}" in caplog.text
+        assert not net.new_state(3).compiled  # up to small_n: pure numpy, whatever the kernel
+        assert net.new_state(4).compiled == (want == "auto")
+    assert ("numba kernels ready" in caplog.text) == (want == "auto")
 
 
 def test_auto_kernel_falls_back_to_numpy_without_numba(
@@ -408,7 +411,11 @@ def test_auto_kernel_falls_back_to_numpy_without_numba(
     monkeypatch.delenv(NUMBA_ENV, raising=False)
     net = _net(_config(4, 1, 2, False, (0.5, 0.9)), 0)
     with caplog.at_level(logging.INFO, logger="forecaster.inference"):
-        assert _numpy(net, kernel="auto").kernel == "numpy"
-    assert "numba does not import" in caplog.text and "forecaster step: numpy" in caplog.text
+        auto = _numpy(net, (2, 1), kernel="auto")
+        state = auto.new_state(5)
+    assert not state.compiled and auto.kernel == "numpy"
+    assert "numba does not import" in caplog.text
+    q, _ = auto.step(state, np.zeros((5, DEFAULT_SCHEMA.n_inputs), np.float32), 0)
+    assert np.isfinite(q).all()
     with pytest.raises(ImportError, match=r"kernel='numba'\): numba is not usable"):
         _numpy(net, kernel="numba")
