@@ -454,6 +454,7 @@ class NumpyNet:
             self._base_mask_cols, self._base_has_mask = np.maximum(masks, 0), masks >= 0
             self._base_w, self._base_b = w("baseline_weight"), w("baseline_bias")
         self._kernels: Any = None
+        self._erfc_poly = np.asarray(_ERFC_POLY, dtype=self.dtype)
         if self.kernel == "numba":
             self._load_kernels()
         logger.info(
@@ -544,7 +545,13 @@ class NumpyNet:
                 self._attend(state, blk, tick)
             trunk_pre = s.work[2]
             np.matmul(self._trunk, s.trunk_in, out=trunk_pre)
-            _gelu(trunk_pre, s.trunk[:hd], s.work, s.positive)
+            if state.compiled:  # the same formula: two one-pass kernels around numpy's SIMD exp
+                gelu_out = s.trunk[:hd]
+                self._kernels.gelu_exponent(trunk_pre, self._erfc_poly, gelu_out, s.work[1])
+                np.exp(gelu_out, out=gelu_out)
+                self._kernels.gelu_finish(trunk_pre, gelu_out, s.work[1])
+            else:
+                _gelu(trunk_pre, s.trunk[:hd], s.work, s.positive)
             np.matmul(self._out, s.trunk, out=s.out[blk])
         k, nq = self.n_targets, self.n_quantiles
         out = s.out[0] if s.out.shape[0] == 1 else s.out.transpose(1, 0, 2).reshape(k * nq + 1, -1)

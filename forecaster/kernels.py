@@ -5,7 +5,8 @@ over ``[4H, nodes]``; :func:`lstm_cell` one, after numpy's SIMD ``exp``), and th
 ring, node-major so each node's keys and values are read once, in order: :func:`ring_write` (this step's key
 and value into the ring slot), :func:`ring_scores` (q·k, the empty-slot mask and the max subtracted, one pass
 over the keys), numpy's SIMD ``exp`` over the scores, :func:`ring_weighted_sum` (the softmax's sum and the
-weighted sum, one pass over the values). The matrix products stay in BLAS, the transcendental functions in
+weighted sum, one pass over the values); and the exact GELU's formula (``inference._gelu``) as two one-pass
+kernels around numpy's ``exp`` (:func:`gelu_exponent`, :func:`gelu_finish`). The matrix products stay in BLAS, the transcendental functions in
 numpy's SIMD loops (numba's ``math.exp`` / ``math.tanh`` are scalar libm calls here, 10–40× slower: measured
 in docs/BENCHMARKS.md, s11n). Single-threaded.
 
@@ -52,8 +53,9 @@ def lstm_cell(gates: Any, c: Any, hd: int) -> None:  # pragma: no cover - compil
 def ring_write(qkv: Any, keys: Any, values: Any, lo: int, m: int, slot: int) -> None:  # pragma: no cover
     """This step's keys and values into ring slot ``slot``: ``qkv [3 hd, b]`` feature-major q, k, v of
     block-local nodes ``0 .. m-1`` (global ``lo + n``); ``keys [N, heads, head_dim, window]``, ``values [N,
-    heads, window, head_dim]`` (node-major). A pass of its own: fused into :func:`ring_scores`, the stores
-    into the rows being read made that kernel ~2.5× slower (docs/BENCHMARKS.md, s11n)."""
+    heads, window, head_dim]`` (node-major). A pass of its own: fused into :func:`ring_scores` (the stores into
+    the rows being read), that kernel ran ~2.5× slower, and written a chunk of 8 nodes ahead inside it, 1.2×
+    (docs/BENCHMARKS.md, s11n)."""
     heads, dh = keys.shape[1], keys.shape[2]
     hd = heads * dh
     for n in range(m):
@@ -126,6 +128,39 @@ def ring_weighted_sum(weights: Any, values: Any, lo: int, m: int, att: Any) -> N
                 att[h * dh + d, n] = acc[d] / total
 
 
+@_jit
+def gelu_exponent(x: Any, coef: Any, out: Any, t: Any) -> None:  # pragma: no cover - compiled
+    """The first half of ``NumpyNet``'s exact GELU (``inference._gelu``'s formula, row by row in one pass):
+    with ``a = |x|/√2`` and ``t = 1 / (1 + a/2)``, ``out ← P(t) − a²`` (``coef``: P's coefficients from the
+    highest power down) and ``t``; ``exp(out) · t`` is then erfc(a) (:func:`gelu_finish`)."""
+    r = x.dtype.type(1.0 / np.sqrt(2.0))
+    half, one = x.dtype.type(0.5), x.dtype.type(1.0)
+    for j in range(x.shape[0]):
+        xr, o, tr = x[j], out[j], t[j]
+        for n in range(xr.shape[0]):
+            tr[n] = one / (one + half * (abs(xr[n]) * r))
+            o[n] = coef[0]
+        for c in coef[1:]:
+            for n in range(xr.shape[0]):
+                o[n] = o[n] * tr[n] + c
+        for n in range(xr.shape[0]):
+            a = abs(xr[n]) * r
+            o[n] -= a * a
+
+
+@_jit
+def gelu_finish(x: Any, out: Any, t: Any) -> None:  # pragma: no cover - compiled
+    """The second half: ``out`` holds ``exp(P(t) − a²)`` (numpy's SIMD exp of :func:`gelu_exponent`'s output);
+    ``out ← x/2 · erfc(a)`` where x <= 0 and ``x − x/2 · erfc(a)`` where x > 0, i.e. x Φ(x)."""
+    half = x.dtype.type(0.5)
+    for j in range(x.shape[0]):
+        xr, o, tr = x[j], out[j], t[j]
+        for n in range(xr.shape[0]):
+            v = xr[n]
+            g = half * v * (o[n] * tr[n])
+            o[n] = v - g if v > 0 else g
+
+
 def warm_up(dtype: np.dtype[Any]) -> None:
     """Call every kernel once on tiny arrays of ``dtype`` (compiling, or loading the disk cache)."""
     hd, heads, w, b = 2, 1, 2, 1
@@ -136,3 +171,6 @@ def warm_up(dtype: np.dtype[Any]) -> None:
     ring_write(qkv, keys, values, 0, 1, 0)
     ring_scores(qkv, keys, np.ones(1, np.int64), 0, 1, 0, scores)
     ring_weighted_sum(np.exp(scores), values, 0, 1, np.zeros((hd, b), dtype))
+    x, out, t = np.ones((hd, b), dtype), np.zeros((hd, b), dtype), np.zeros((hd, b), dtype)
+    gelu_exponent(x, np.ones(3, dtype), out, t)
+    gelu_finish(x, out, t)
