@@ -1,10 +1,8 @@
-"""Session 11's opt-in rules (s11u): a KV cache at 90 % counts as a full decode fleet
+"""Session 11's opt-in rules (s11u; the pipeline's side of the KV rule: test_length_tracker.py): a KV cache at 90 % counts as a full decode fleet
 (``decode_saturated_kv``), and a burst longer than each of the few bursts seen is not capped as a short one
 (``short_burst_unseen_below``). Both off by default: the default decisions are session 10's."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 from hypothesis import given, settings
@@ -13,9 +11,7 @@ from policy_fixtures import CAP, NAN, obs
 from pydantic import ValidationError
 
 from controller.config import PolicyConfig
-from controller.pipeline import LengthTracker, Pipeline, PoolCounts
 from controller.policy import PoolForecast, stages
-from controller.sources.aggregate import PoolLoad
 
 BLOCK = stages.NEED_BLOCK_S
 Runs = tuple[tuple[float, float], ...]
@@ -116,39 +112,6 @@ def test_a_full_kv_cache_cuts_nothing_from_the_forecast_when_opted_in() -> None:
     assert off is not None and on is not None
     assert off.decode == pytest.approx(64.0 * 200.0 / CAP.decode_tps)  # min(20,000, 64 × 200) tok/s
     assert on.decode == pytest.approx(20_000.0 / CAP.decode_tps)  # the larger: the token p90
-
-
-def _load(running: float, kv: float) -> PoolLoad:
-    nan = math.nan
-    return PoolLoad(
-        pool="p", now_s=0.0, counts={}, arrival_rps=1.0, prompt_tps=100.0, gen_tps=100.0, running=running,
-        waiting=0.0, kv_usage=kv, ttft_p50_s=nan, ttft_p90_s=nan, itl_p50_s=nan, itl_p90_s=nan,
-        mean_prompt_tokens=100.0, complete=True,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("opted", "kv", "capped"), [(True, 0.95, True), (False, 0.95, False), (True, 0.5, False)]
-)
-def test_pipeline_flags_a_full_kv_cache_when_opted_in(opted: bool, kv: float, capped: bool) -> None:
-    counts = PoolCounts(replicas={"decode": 2}, active={"decode": 2}, standby={}, provisioning={})
-
-    class _Cap:
-        decode_seqs = 100.0
-
-    class _Cache:
-        def get(self, *_: object) -> _Cap:
-            return _Cap()
-
-    class _Setup:
-        policy = PolicyConfig(decode_saturated_kv=opted)
-
-    class _Track:
-        capacity = _Cache()
-        lengths = LengthTracker()
-        setup = _Setup()
-
-    assert Pipeline._decode_capped(_Track(), _load(20.0, kv), counts) is capped  # type: ignore[arg-type]
 
 
 def test_defaults_and_bad_values_name_the_field() -> None:
