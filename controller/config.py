@@ -296,6 +296,32 @@ class PolicyConfig(BaseModel):
             " at the same SLO; with burst_hold 99.51 % at 24,766 (reactive: 99.51 % at 25,041)"
         ),
     )
+    decode_saturated_kv: bool = Field(
+        False,
+        description=(
+            "also count the decode fleet as full (stages.decode_saturated: the measured output length and"
+            " generation are then floors, not the load) when its mean KV-cache usage is at 90 % or more. The"
+            " running-sequence test compares against a batch modelled from the measured mean lengths, which"
+            " lag when outputs lengthen: the fleet fills its KV memory with fewer, longer sequences and the"
+            " running count never reaches 90 % of the modelled batch. Measured in docs/BENCHMARKS.md, 'Shapes"
+            " no set had, session 11 (s11u)'"
+        ),
+    )
+    short_burst_unseen_below: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description=(
+            "short_burst_cap when the current burst has already lasted longer than every burst seen (no seen"
+            " duration reaches it, so the survival estimate has no sample left) and fewer than this many"
+            " bursts have been seen: no cap (cold capacity is started as where the durations say nothing)."
+            " 0 (session 10) always reads that as P = 0 and starts no cold capacity until the burst has"
+            " lasted provision_lead_s; a large value lifts it whatever the count. With one or two bursts"
+            " seen, 'longer than each' is no evidence of a short burst: an output-length change read as one"
+            " held decode for two minutes. Opt-in: measured in docs/BENCHMARKS.md, 'Shapes no set had,"
+            " session 11 (s11u)'"
+        ),
+    )
     burst_hold_min_gaps: int = Field(
         1,
         ge=1,

@@ -53,6 +53,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         prompt_forecast=cfg.prompt_forecast,
         gen_forecast=cfg.gen_forecast,
         little_arrivals=cfg.little_arrivals,
+        saturated_kv=cfg.decode_saturated_kv,
     )
     if need is None:
         return None, smoothed
@@ -217,7 +218,11 @@ def _calibrate_arrivals(
         state.arrival_calibration, raw.now_s, raw.arrival_rps, raw.forecast, params
     )
     forecast, why = calibration.calibrated_forecast(
-        obs.forecast, cal, obs.arrival_rps, params, saturated=stages.decode_saturated(obs, cap)
+        obs.forecast,
+        cal,
+        obs.arrival_rps,
+        params,
+        saturated=stages.decode_saturated(obs, cap, cfg.decode_saturated_kv),
     )
     return evolve(obs, forecast=forecast), evolve(state, arrival_calibration=cal), why
 

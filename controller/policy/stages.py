@@ -263,12 +263,20 @@ def forecast_token_tps(obs: PoolObservation, channel: str, mode: str = "tokens")
 DECODE_SATURATED = 0.9  # running sequences at this fraction of the active decode fleet's batch: it is full
 
 
-def decode_saturated(obs: PoolObservation, cap: PoolCapacity) -> bool:
+def decode_saturated(obs: PoolObservation, cap: PoolCapacity, kv: bool = False) -> bool:
     """The active decode fleet runs at ``DECODE_SATURATED`` of its sequence capacity or more (False when
     unknown). Then what decode measures is capped by the fleet: the generation rate, the running sequences and
     the mean output length read from them (generated tokens per arrival) are floors of the load, not the
-    load (a cold pool's first rise: the output length reads ~330 tokens of ~1,000 for two minutes)."""
+    load (a cold pool's first rise: the output length reads ~330 tokens of ~1,000 for two minutes).
+
+    ``kv`` (``PolicyConfig.decode_saturated_kv``): also saturated when the decode instances' mean KV-cache
+    usage is at ``DECODE_SATURATED`` or more. The sequence capacity is modelled from the measured mean
+    lengths, which lag when outputs lengthen (the fleet fills its KV memory with fewer, longer sequences than
+    the model's batch, and the running count then never reaches 90 % of it); the KV gauge measures the
+    fullness itself."""
     active = obs.active.get("decode", 0)
+    if kv and active > 0 and _known(obs.kv_usage) and obs.kv_usage >= DECODE_SATURATED:
+        return True
     if not (_known(obs.running_seqs) and active > 0):
         return False
     return obs.running_seqs >= DECODE_SATURATED * active * cap.decode_seqs
@@ -285,6 +293,7 @@ def capacity_target(
     prompt_forecast: str = "tokens",
     gen_forecast: str = "tokens",
     little_arrivals: str = "p90",
+    saturated_kv: bool = False,
 ) -> Need | None:
     """Stage 1: instances needed from the p90 forecast, the measured load and the queue.
 
@@ -307,9 +316,11 @@ def capacity_target(
     ``persistent_queue``: the queue has outlived a burst (see ``queue_age``): the load itself exceeds the
     fleet, so the queue is cleared within the SLO whatever it costs, as with ``lead_s = 0`` (the reactive
     baseline's rule, and what wins when a pool starts far below its load).
+
+    ``saturated_kv``: ``decode_saturated``'s ``kv`` (a full KV cache counts as a full decode fleet).
     """
     fc = obs.forecast
-    censored = decode_saturated(obs, cap)
+    censored = decode_saturated(obs, cap, saturated_kv)
     if censored:  # the measured output length and generation are floors: cut nothing from the forecast
         gen_forecast = "max" if gen_forecast != "tokens" else gen_forecast
         little_arrivals = "p90"
@@ -1808,6 +1819,8 @@ def short_burst(
         return False, None  # a high load that lasted a cold start is a level, as burst_hold judges it
     durations = np.asarray([b - a for a, b in runs if b < start - 1e-9], dtype=np.float64)
     alive = durations > lasted
+    if not alive.any() and len(durations) < cfg.short_burst_unseen_below:
+        return False, None  # longer than each of the few bursts seen: no evidence that it is short
     lead = cfg.provision_lead_s
     p = float((durations[alive] > lasted + lead).sum() / alive.sum()) if alive.any() else 0.0
     if p >= cfg.burst_hold_probability:

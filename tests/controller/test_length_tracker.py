@@ -6,16 +6,22 @@ import copy
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.config import PolicyConfig
 from controller.pipeline import LengthTracker, Pipeline, PoolCounts
 from controller.sources.aggregate import LoadAggregator, PoolLoad
 from serving.sim import samples as s
 
 
 def _load(
-    arrival_rps: float, gen_tps: float, running: float = 10.0, completion_rps: float = math.nan
+    arrival_rps: float,
+    gen_tps: float,
+    running: float = 10.0,
+    completion_rps: float = math.nan,
+    kv_usage: float = math.nan,
 ) -> PoolLoad:
     nan = math.nan
     return PoolLoad(
@@ -27,7 +33,7 @@ def _load(
         gen_tps=gen_tps,
         running=running,
         waiting=0.0,
-        kv_usage=nan,
+        kv_usage=kv_usage,
         ttft_p50_s=nan,
         ttft_p90_s=nan,
         itl_p50_s=nan,
@@ -123,24 +129,47 @@ def test_never_below_the_unfloored_estimate_and_equal_when_nothing_floors(
                 assert t.output_ewma == plain.output_ewma
 
 
+class _Cap:
+    decode_seqs = 100.0
+
+
+class _Cache:
+    def get(self, *_: object) -> _Cap:
+        return _Cap()
+
+
+class _Setup:
+    def __init__(self, policy: PolicyConfig) -> None:
+        self.policy = policy
+
+
+class _Track:
+    """What ``Pipeline._decode_capped`` reads of a pool's track: a modelled batch of 100 per decode instance."""
+
+    def __init__(self, policy: PolicyConfig | None = None) -> None:
+        self.capacity = _Cache()
+        self.lengths = LengthTracker()
+        self.setup = _Setup(policy or PolicyConfig())
+
+
+COUNTS_2D = PoolCounts(replicas={"decode": 2}, active={"decode": 2}, standby={}, provisioning={})
+
+
 def test_pipeline_flags_a_saturated_decode_fleet() -> None:
-    counts = PoolCounts(replicas={"decode": 2}, active={"decode": 2}, standby={}, provisioning={})
-
-    class _Cap:
-        decode_seqs = 100.0
-
-    class _Cache:
-        def get(self, *_: object) -> _Cap:
-            return _Cap()
-
-    class _Track:
-        capacity = _Cache()
-        lengths = LengthTracker()
-
+    counts = COUNTS_2D
     full = Pipeline._decode_capped(_Track(), _load(1.0, 100.0, running=180.0), counts)  # type: ignore[arg-type]
     room = Pipeline._decode_capped(_Track(), _load(1.0, 100.0, running=179.0), counts)  # type: ignore[arg-type]
     none = Pipeline._decode_capped(_Track(), _load(1.0, 100.0, running=math.nan), counts)  # type: ignore[arg-type]
     assert (full, room, none) == (True, False, False)
+
+
+@pytest.mark.parametrize(
+    ("opted", "kv", "capped"), [(True, 0.95, True), (False, 0.95, False), (True, 0.5, False)]
+)
+def test_pipeline_flags_a_full_kv_cache_when_opted_in(opted: bool, kv: float, capped: bool) -> None:
+    """``decode_saturated_kv``: 20 running of a modelled 200, but the KV cache at 95 % says the fleet is full."""
+    track = _Track(PolicyConfig(decode_saturated_kv=opted))
+    assert Pipeline._decode_capped(track, _load(1.0, 100.0, running=20.0, kv_usage=kv), COUNTS_2D) is capped  # type: ignore[arg-type]
 
 
 def test_saturated_cold_pool_reads_tokens_per_admitted_request() -> None:
