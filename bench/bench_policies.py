@@ -28,6 +28,11 @@ for one predictive row per learned checkpoint, labelled NAME (shipped vs candida
 forecast combination, inside it, and inside it for arrivals only (``controller.forecasting.with_combination``). ``--params k=v,...`` overrides
 ``PolicyConfig`` fields of the predictive policy (e.g. ``--params standby_decode=2,buffer_multiplier=2``).
 
+``--forecast-stats`` prints, after each predictive row, what the forecaster told the policy tick by tick against
+what then arrived (per pool, the realised next-horizon totals read from the loop's own channels): the p90's
+coverage and bias (p90 total / realised total) and how jumpy it is (mean |Δ log1p p90| per tick, and the ticks
+it rose by more than 25 %), for arrivals and for each token channel (``ForecastRecorder``, ``forecast_stats``).
+
 ``--decompose`` prints, after each predictive row, its GPU-seconds stage by stage and role by role (read back
 from the plans' reasons) beside the oracle's, and the measured decode concurrency against Little's law.
 
@@ -50,6 +55,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -62,9 +68,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import controller.replay_policies  # noqa: F401  (registers reactive, predictive, oracle, dynamo-like)
 from controller.config import PolicyConfig
 from controller.policy import ScalingPlan
-from controller.replay_policies import PredictivePolicy, oracle_needs
+from controller.replay_policies import PredictivePolicy, default_forecaster, oracle_needs
 from forecaster.baselines import Holt
-from forecaster.types import Forecaster
+from forecaster.types import ForecastBatch, Forecaster
 from serving.sim.engine import HOLDS_GPU
 from serving.sim.fleet import FleetSpec, single_pool
 from serving.sim.hardware import get_profile
@@ -261,11 +267,14 @@ def make(
     params: dict[str, Any],
     checkpoint: Path | None = None,
     combination: CombinationMode | None = None,
+    wrap: Callable[[Forecaster], Forecaster] | None = None,
 ) -> ReplayPolicy:
     """A policy by name; the predictive one with the Holt baseline (``forecaster`` "holt"), the shipped
     checkpoint ("default"), or the learned checkpoint at ``checkpoint`` (which wins over ``forecaster``).
     ``combination``: the learned forecaster inside the online combination ("all": every target,
-    "arrivals": arrivals only) or not ("off"); None = what ``load_default_forecaster`` does by default."""
+    "arrivals": arrivals only) or not ("off"); None = what ``load_default_forecaster`` does by default.
+    ``wrap``: applied to every forecaster the predictive policy builds (``ForecastRecorder`` for
+    ``--forecast-stats``)."""
     if name == "predictive":
         cfg = PolicyConfig(**params)
         if checkpoint is not None or (forecaster == "default" and combination is not None):
@@ -275,21 +284,127 @@ def make(
             mode = combination
 
             def learned() -> Forecaster:
-                return (
+                f = (
                     load_default_forecaster(path)
                     if mode is None
                     else load_default_forecaster(path, combination=mode)
                 )
+                return wrap(f) if wrap else f
 
             return PredictivePolicy(cfg, forecaster=learned)
         if forecaster == "holt":
 
             def holt() -> Forecaster:
-                return Holt()
+                return wrap(Holt()) if wrap else Holt()
 
             return PredictivePolicy(cfg, forecaster=holt)
+        if wrap is not None:
+
+            def default() -> Forecaster:
+                return wrap(default_forecaster())
+
+            return PredictivePolicy(cfg, forecaster=default)
         return PredictivePolicy(cfg)
     return make_policy(name, PolicyOptions())
+
+
+# (input channel column in forecaster.types.CHANNELS, ForecastBatch p90 field) per forecast target
+FORECAST_TARGETS = (
+    ("arrivals", 0, "arrivals_p90"),
+    ("prompt tokens", 1, "prompt_tokens_p90"),
+    ("gen tokens", 2, "gen_tokens_p90"),
+)
+JUMP_UP = 1.25  # a tick whose p90 rose by more than this factor counts as an up-move
+
+
+class ForecastRecorder:
+    """A forecaster that passes every step through and keeps, per tick, ``now_s``, the input rates of the
+    forecast targets' channels (``x[:, :3]``: arrivals, prompt and generation tokens per second, as the loop
+    measured them) and the p90 totals it returned (``FORECAST_TARGETS``), for ``forecast_stats``."""
+
+    def __init__(self, inner: Forecaster, sink: list[tuple[float, np.ndarray, np.ndarray]]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.horizon_s = inner.horizon_s
+        self.sink = sink
+
+    def reset(self, node_ids: Sequence[str]) -> None:
+        self.inner.reset(node_ids)
+
+    def step(self, x: np.ndarray, mask: np.ndarray, now_s: float = math.nan) -> ForecastBatch:
+        batch = self.inner.step(x, mask, now_s=now_s)
+        inputs = np.where(np.asarray(mask, dtype=bool), np.asarray(x, dtype=np.float64), np.nan)
+        p90 = np.stack([np.asarray(getattr(batch, f), dtype=np.float64) for _, _, f in FORECAST_TARGETS], -1)
+        self.sink.append((float(now_s), inputs[:, [c for _, c, _ in FORECAST_TARGETS]], p90))
+        return batch
+
+
+def realised_totals(times_s: np.ndarray, rates: np.ndarray, horizon_s: float) -> np.ndarray:
+    """Per tick ``i``, the total that arrived over ``(t_i, t_i + horizon_s]``: each later tick ``j``'s rates
+    cover ``(t_{j-1}, t_j]``, so the total is ``sum(rate_j × (t_j - t_{j-1}))`` over the ticks with
+    ``t_i < t_j <= t_i + horizon_s`` (``rates``: ``[T, ...]``). NaN where the horizon runs past the last tick
+    or covers an unknown rate."""
+    t = np.asarray(times_s, dtype=np.float64)
+    r = np.asarray(rates, dtype=np.float64)
+    out = np.full(r.shape, np.nan)
+    if len(t) < 2:
+        return out
+    inc = np.zeros(r.shape)
+    inc[1:] = r[1:] * np.diff(t).reshape((-1,) + (1,) * (r.ndim - 1))
+    bad = ~np.isfinite(inc)
+    bad[0] = False
+    cs = np.cumsum(np.where(bad, 0.0, inc), axis=0)
+    cb = np.cumsum(bad, axis=0)
+    end = np.searchsorted(t, t + horizon_s + 1e-9, side="right") - 1  # last tick within the horizon
+    ok = t + horizon_s <= t[-1] + 1e-9
+    idx = np.flatnonzero(ok)
+    out[idx] = cs[end[idx]] - cs[idx]
+    out[idx] = np.where(cb[end[idx]] - cb[idx] > 0, np.nan, out[idx])
+    return out
+
+
+def forecast_stats(
+    records: Sequence[tuple[float, np.ndarray, np.ndarray]], horizon_s: float
+) -> dict[str, dict[str, float]]:
+    """Per target (``FORECAST_TARGETS``), over every pool and tick where the p90 and the realised total
+    (``realised_totals``) are both known: ``coverage`` (share of realised totals <= p90), ``bias`` (sum of
+    p90 / sum of realised), ``jump`` (mean |Δ log1p p90| between consecutive ticks) and ``up_moves`` (ticks
+    whose p90 rose more than ``JUMP_UP``-fold, counting only p90s of at least 1). Rows must keep one pool
+    order (the controller's tracks); an empty record gives NaNs."""
+    out: dict[str, dict[str, float]] = {}
+    if not records:
+        nan = {"coverage": math.nan, "bias": math.nan, "jump": math.nan, "up_moves": math.nan, "n": 0.0}
+        return {name: dict(nan) for name, _, _ in FORECAST_TARGETS}
+    times = np.array([r[0] for r in records])
+    inputs = np.stack([r[1] for r in records])  # [T, N, K]
+    p90 = np.stack([r[2] for r in records])  # [T, N, K]
+    real = realised_totals(times, inputs, horizon_s)
+    for k, (name, _, _) in enumerate(FORECAST_TARGETS):
+        f, y = p90[..., k], real[..., k]
+        ok = np.isfinite(f) & np.isfinite(y)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            d = np.diff(np.log1p(np.maximum(f, 0.0)), axis=0)
+            both = ok[1:] & ok[:-1]
+            rose = (f[1:] > JUMP_UP * f[:-1]) & (f[1:] >= 1.0) & both
+            out[name] = {
+                "coverage": float(np.mean(y[ok] <= f[ok])) if ok.any() else math.nan,
+                "bias": float(f[ok].sum() / y[ok].sum()) if ok.any() and y[ok].sum() > 0 else math.nan,
+                "jump": float(np.mean(np.abs(d[both]))) if both.any() else math.nan,
+                "up_moves": float(rose.sum()),
+                "n": float(ok.sum()),
+            }
+    return out
+
+
+def print_forecast_stats(workload: str, label: str, stats: dict[str, dict[str, float]]) -> None:
+    print(f"{workload} {label}: the forecaster's p90 in the loop against what arrived next")
+    print("| target | ticks | p90 coverage | p90 / realised | mean abs Δ log1p p90 | up-moves > 25 % |")
+    print("|---|---|---|---|---|---|")
+    for name, s in stats.items():
+        print(
+            f"| {name} | {s['n']:.0f} | {s['coverage']:.3f} | {s['bias']:.2f} | {s['jump']:.3f} | "
+            f"{s['up_moves']:.0f} |"
+        )
 
 
 def checkpoint_runs(paths: list[str]) -> list[tuple[str, Path | None]]:
@@ -632,6 +747,11 @@ def main() -> None:
         "--decompose", action="store_true", help="after each predictive row, its GPU-s stage by stage"
     )
     ap.add_argument(
+        "--forecast-stats",
+        action="store_true",
+        help="after each predictive row, its forecaster's p90 coverage, bias and jumps against what arrived",
+    )
+    ap.add_argument(
         "--gateway-queue",
         default="off",
         help="the simulator's gateway queue: off, on, or off,on (each policy replayed both ways, side by side;"
@@ -701,7 +821,15 @@ def main() -> None:
                     else f"oracle@slo (unreachable at h={ORACLE_SLO_MAX_H:g})"
                 )
             else:
-                policy = make(pol, args.forecaster, params, ck_path, combination)
+                records: list[tuple[float, np.ndarray, np.ndarray]] = []
+
+                def recorder(
+                    f: Forecaster, sink: list[tuple[float, np.ndarray, np.ndarray]] = records
+                ) -> Forecaster:
+                    return ForecastRecorder(f, sink)
+
+                wrap = recorder if args.forecast_stats and pol == "predictive" else None
+                policy = make(pol, args.forecaster, params, ck_path, combination, wrap)
                 probe = ChurnProbe(policy)
                 rep = run(wl, trace, fleet, probe if args.decompose else policy, gateway)
             results.setdefault((pol, gw_name), rep)
@@ -721,6 +849,9 @@ def main() -> None:
             )
             if args.decompose and pol == "predictive":
                 print_decomposition(wl, trace, fleet, policy, probe)
+            if args.forecast_stats and pol == "predictive":
+                horizon = getattr(getattr(policy, "forecaster", None), "horizon_s", 5.0)
+                print_forecast_stats(wl, label, forecast_stats(records, float(horizon)))
 
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ CombinationMode = Literal["off", "arrivals", "all"]
 
 def combination_config(mode: CombinationMode) -> CombinationConfig | None:
     """The combination's settings for a ``forecaster_combination`` mode (None = off). "arrivals" leaves the
-    token forecasts to the network: in the loop the token channels are tokens processed (capped by the
-    pool's throughput), so realised token totals would score the experts against a capped load."""
+    token forecasts to the network: in the loop the generation channel (and the prompt channel where the
+    router does not count prompts at arrival) is tokens processed (capped by the pool's throughput), so
+    realised token totals would score the experts against a capped load."""
     if mode == "off":
         return None
     return CombinationConfig() if mode == "all" else CombinationConfig(targets=("arrivals",))

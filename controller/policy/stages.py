@@ -228,9 +228,11 @@ def forecast_token_tps(obs: PoolObservation, channel: str, mode: str = "tokens")
     mean tokens per request (prompt or output; the token p90 while either is unknown); "max" / "min" = the
     larger / smaller of the two (either alone when the other is unknown).
 
-    The token forecasts follow the loop's token channels, which count tokens *processed* (capped by the fleet,
-    generation spread over each request's output), and a forecaster that reads them relative to the arrival
-    level jumps with every long prompt (a 5-s p90 of one 8,000-token prompt on a quiet pool starts cold
+    The token forecasts follow the loop's token channels: prompt tokens at arrival where the router exports
+    them (``PoolLoad.prompt_at_arrival``: the simulator and pdscale's router do; else the tokens prefilled,
+    capped by the fleet), generation tokens as generated (spread over each request's output, while training
+    counts them at arrival); a forecaster that reads them relative to the arrival level jumps with every long
+    prompt (a 5-s p90 of one 8,000-token prompt on a quiet pool starts cold
     capacity that the scale-down window releases unused). The arrival p90 × a slow mean length moves only
     with arrivals; the smaller of the two keeps a spike in either out of the target, and the measured load
     stays a floor under it in ``capacity_target``."""
