@@ -165,14 +165,19 @@ class PolicyConfig(BaseModel):
             " table unchanged, +9.5 SLO points on bursts every 7 min); 'none' gives session 9's reserve"
         ),
     )
-    burst_reserve_level: Literal["block", "tick"] = Field(
+    burst_reserve_level: Literal["block", "tick", "lead_median"] = Field(
         "block",
         description=(
             "the load the burst reserve stacks the observed rise on: 'block' (shipped default) = the need's"
             " mean over the last 5-s block (the current block so far, topped up with the previous one), the"
             " same mean the rises were measured from; 'tick' = this tick's need (session 3's rule: per-second"
             " noise added to a rise already measured over the noise, and the scale-down window then held the"
-            " top of it)"
+            " top of it); 'lead_median' = the lower of 'block' and the median of the completed blocks of the"
+            " last provision_lead_s, per role: on noise the last block is a draw from the spread the rises were"
+            " measured over, stacking the rise on its top counts that spread twice, and the scale-down window"
+            " holds the top of it (s11r: overdispersed noise -6.2 % GPU-s at the same SLO, but -0.25 SLO points"
+            " on the 1200-s sinusoid, whose trough turns up under the median; opt-in, docs/BENCHMARKS.md, 'The"
+            " burst reserve on noise')"
         ),
     )
     burst_peak_headroom: Literal["both", "prefill", "none"] = Field(
