@@ -568,12 +568,11 @@ class Pipeline:
     def _decode_capped(track: _Track, load: PoolLoad, c: PoolCounts) -> bool:
         """The active decode fleet is saturated (``stages.DECODE_SATURATED`` of its sequences or more)."""
         active = int(c.active.get("decode", 0))
-        if active > 0 and load.kv_usage >= stages.DECODE_SATURATED and track.setup.policy.decode_saturated_kv:
-            return True  # the KV cache full (NaN compares False): see stages.decode_saturated
-        if not (math.isfinite(load.running) and active > 0):
+        if active <= 0:
             return False
         cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
-        return load.running >= stages.DECODE_SATURATED * active * cap.decode_seqs
+        kv = track.setup.policy.decode_saturated_kv
+        return stages.decode_full(active, load.running, load.kv_usage, cap.decode_seqs, kv)
 
     @staticmethod
     def _observation(

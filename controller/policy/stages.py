@@ -276,12 +276,18 @@ def decode_saturated(obs: PoolObservation, cap: PoolCapacity, kv: bool = False) 
     lengths, which lag when outputs lengthen (the fleet fills its KV memory with fewer, longer sequences than
     the model's batch, and the running count then never reaches 90 % of it); the KV gauge measures the
     fullness itself."""
-    active = obs.active.get("decode", 0)
-    if kv and active > 0 and _known(obs.kv_usage) and obs.kv_usage >= DECODE_SATURATED:
-        return True
-    if not (_known(obs.running_seqs) and active > 0):
+    return decode_full(obs.active.get("decode", 0), obs.running_seqs, obs.kv_usage, cap.decode_seqs, kv)
+
+
+def decode_full(active: float, running: float, kv_usage: float, decode_seqs: float, kv: bool = False) -> bool:
+    """:func:`decode_saturated` on the raw measurements (the pipeline's per-tick track reads them before an
+    observation exists): ``active`` decode instances, ``running`` sequences, their mean ``kv_usage`` and the
+    modelled ``decode_seqs`` per instance; unknown measurements are not saturation."""
+    if not active > 0:
         return False
-    return obs.running_seqs >= DECODE_SATURATED * active * cap.decode_seqs
+    if kv and _known(kv_usage) and kv_usage >= DECODE_SATURATED:
+        return True
+    return _known(running) and running >= DECODE_SATURATED * active * decode_seqs
 
 
 def capacity_target(
