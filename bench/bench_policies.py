@@ -70,7 +70,7 @@ from controller.config import PolicyConfig
 from controller.policy import ScalingPlan
 from controller.replay_policies import PredictivePolicy, default_forecaster, oracle_needs
 from forecaster.baselines import Holt
-from forecaster.types import ForecastBatch, Forecaster
+from forecaster.types import CHANNELS, ForecastBatch, Forecaster
 from serving.sim.engine import HOLDS_GPU
 from serving.sim.fleet import FleetSpec, single_pool
 from serving.sim.hardware import get_profile
@@ -308,18 +308,18 @@ def make(
     return make_policy(name, PolicyOptions())
 
 
-# (input channel column in forecaster.types.CHANNELS, ForecastBatch p90 field) per forecast target
+# (name, the target's input channel column in forecaster.types.CHANNELS, ForecastBatch p90 field)
 FORECAST_TARGETS = (
-    ("arrivals", 0, "arrivals_p90"),
-    ("prompt tokens", 1, "prompt_tokens_p90"),
-    ("gen tokens", 2, "gen_tokens_p90"),
+    ("arrivals", CHANNELS.index("arrival_rps"), "arrivals_p90"),
+    ("prompt tokens", CHANNELS.index("prompt_tps"), "prompt_tokens_p90"),
+    ("gen tokens", CHANNELS.index("gen_tps"), "gen_tokens_p90"),
 )
 JUMP_UP = 1.25  # a tick whose p90 rose by more than this factor counts as an up-move
 
 
 class ForecastRecorder:
     """A forecaster that passes every step through and keeps, per tick, ``now_s``, the input rates of the
-    forecast targets' channels (``x[:, :3]``: arrivals, prompt and generation tokens per second, as the loop
+    forecast targets' channels (``FORECAST_TARGETS``' columns: arrivals, prompt and generation tokens per second, as the loop
     measured them) and the p90 totals it returned (``FORECAST_TARGETS``), for ``forecast_stats``."""
 
     def __init__(self, inner: Forecaster, sink: list[tuple[float, np.ndarray, np.ndarray]]) -> None:
