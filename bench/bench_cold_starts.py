@@ -35,20 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_misses import parse_args as misses_args
-from bench.bench_policies import (
-    _BUFFER,
-    _HEADROOM,
-    _NEED,
-    _PROMOTED,
-    _RATIO,
-    _RESERVE,
-    _TREND,
-    ChurnProbe,
-    _parse_params,
-    make,
-    row_trace,
-    run,
-)
+from bench.bench_policies import ChurnProbe, _parse_params, make, row_trace, run
+from bench.bench_policies import stage_walk as policies_stage_walk
 from controller.policy import ScalingPlan
 from controller.replay_policies import PredictivePolicy
 
@@ -56,36 +44,12 @@ ROLES = ("prefill", "decode")
 
 
 def stage_walk(plan: ScalingPlan) -> list[tuple[str, list[int]]]:
-    """The plan's (stage, [prefill, decode] target after it) in order, read from its reasons; the last
-    entry is ``hysteresis`` with the final active target."""
-    steps: list[tuple[str, list[int]]] = []
-    cur = [0, 0]
-    need = [0.0, 0.0]
+    """``bench_policies.stage_walk`` (capacity named ``capacity+queue`` when the plan carries a queue line),
+    then ``hysteresis`` with the final active target."""
     queue = any(r.startswith("queue:") for r in plan.reasons)
-    for why in plan.reasons:
-        if m := _NEED.search(why):
-            need = [float(m[1]), float(m[2])]
-            cur = [math.ceil(need[0] - 1e-9), math.ceil(need[1] - 1e-9)]
-            steps.append(("capacity+queue" if queue else "capacity", cur))
-            continue
-        new: tuple[str, list[int]] | None = None
-        if m := _TREND.search(why):
-            f = float(m[1])
-            new = ("trend", [math.ceil(need[0] * f - 1e-9), math.ceil(need[1] * f - 1e-9)])
-        elif m := _HEADROOM.search(why):
-            new = ("headroom", [int(m[1]), int(m[2])])
-        elif m := _BUFFER.search(why):
-            new = ("buffer", [cur[0], int(m[1])])
-        elif m := _RESERVE.search(why):
-            new = ("burst reserve", [max(cur[0], int(m[1])), max(cur[1], int(m[2]))])
-        elif m := _PROMOTED.search(why):
-            new = ("alert", [cur[0] + int(m[1]), cur[1] + int(m[2])])
-        elif m := _RATIO.search(why):
-            i = 0 if m[1] == "prefill" else 1
-            new = ("P:D ratio", [int(m[2]) if j == i else cur[j] for j in (0, 1)])
-        if new is not None:
-            steps.append(new)
-            cur = new[1]
+    steps = [
+        ("capacity+queue" if queue and st == "capacity" else st, v) for st, v in policies_stage_walk(plan)
+    ]
     steps.append(("hysteresis", [plan.prefill, plan.decode]))
     return steps
 

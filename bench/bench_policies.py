@@ -546,45 +546,59 @@ STAGES = (
 )
 
 
+def stage_walk(plan: ScalingPlan) -> list[tuple[str, list[int]]]:
+    """The plan's (stage, [prefill, decode] target after it) in the order its reasons give them: ``capacity``
+    (ceil(need)) at the need line, then trend, headroom, buffer, burst reserve, alert and P:D ratio as they
+    appear. The final target's difference from the last entry is the hysteresis stage (not listed)."""
+    steps: list[tuple[str, list[int]]] = []
+    cur = [0, 0]
+    need = [0.0, 0.0]
+    for why in plan.reasons:
+        if m := _NEED.search(why):
+            need = [float(m[1]), float(m[2])]
+            cur = [math.ceil(need[0] - 1e-9), math.ceil(need[1] - 1e-9)]
+            steps.append(("capacity", cur))
+            continue
+        new: tuple[str, list[int]] | None = None
+        if m := _TREND.search(why):
+            f = float(m[1])
+            new = ("trend", [math.ceil(need[0] * f - 1e-9), math.ceil(need[1] * f - 1e-9)])
+        elif m := _HEADROOM.search(why):
+            new = ("headroom", [int(m[1]), int(m[2])])
+        elif m := _BUFFER.search(why):
+            new = ("buffer", [cur[0], int(m[1])])
+        elif m := _RESERVE.search(why):
+            new = ("burst reserve", [max(cur[0], int(m[1])), max(cur[1], int(m[2]))])
+        elif m := _PROMOTED.search(why):
+            new = ("alert", [cur[0] + int(m[1]), cur[1] + int(m[2])])
+        elif m := _RATIO.search(why):
+            i = 0 if m[1] == "prefill" else 1
+            new = ("P:D ratio", [int(m[2]) if j == i else cur[j] for j in (0, 1)])
+        if new is not None:
+            steps.append(new)
+            cur = new[1]
+    return steps
+
+
 def decompose(decisions: list[tuple[float, ScalingPlan]], gpus: int) -> dict[str, Any]:
-    """GPU-seconds per stage and role, read back from each plan's reasons: what each stage added to the
-    target over the previous one (capacity = ceil(need), hysteresis = final − wanted, standby = warm
-    standby held), each tick weighted by the time to the next decision. Also the measured decode
+    """GPU-seconds per stage and role, read back from each plan's reasons (``stage_walk``): what each stage
+    added to the target over the previous one (capacity = ceil(need), hysteresis = final − wanted, standby =
+    warm standby held), each tick weighted by the time to the next decision. Also the measured decode
     concurrency against Little's law (arrival rate × mean output / per-sequence rate), time-weighted."""
     added = {(st, r): 0.0 for st in STAGES for r in ("prefill", "decode")}
     running_s = little_s = 0.0
     for k, (t, plan) in enumerate(decisions):
         dt = (decisions[k + 1][0] - t) if k + 1 < len(decisions) else 1.0
-        cur = [0, 0]
         for why in plan.reasons:
-            if m := _NEED.search(why):
-                cur = [math.ceil(float(m[1]) - 1e-9), math.ceil(float(m[2]) - 1e-9)]
-                need = [float(m[1]), float(m[2])]
-                if m[4] != "nan":
-                    running_s += float(m[3]) * dt
-                    little_s += float(m[4]) * dt
-                for i, r in enumerate(("prefill", "decode")):
-                    added["capacity", r] += cur[i] * gpus * dt
-                continue
-            steps: list[tuple[str, list[int]]] = []
-            if m := _TREND.search(why):
-                f = float(m[1])
-                steps.append(("trend", [math.ceil(need[0] * f - 1e-9), math.ceil(need[1] * f - 1e-9)]))
-            elif m := _HEADROOM.search(why):
-                steps.append(("headroom", [int(m[1]), int(m[2])]))
-            elif m := _BUFFER.search(why):
-                steps.append(("buffer", [cur[0], int(m[1])]))
-            elif m := _RESERVE.search(why):
-                steps.append(("burst reserve", [max(cur[0], int(m[1])), max(cur[1], int(m[2]))]))
-            elif m := _PROMOTED.search(why):
-                steps.append(("alert", [cur[0] + int(m[1]), cur[1] + int(m[2])]))
-            elif m := _RATIO.search(why):
-                i = 0 if m[1] == "prefill" else 1
-                steps.append(("P:D ratio", [int(m[2]) if j == i else cur[j] for j in (0, 1)]))
-            for stage, new in steps:
-                for i, r in enumerate(("prefill", "decode")):
-                    added[stage, r] += (new[i] - cur[i]) * gpus * dt
-                cur = new
+            if (m := _NEED.search(why)) and m[4] != "nan":
+                running_s += float(m[3]) * dt
+                little_s += float(m[4]) * dt
+        cur = [0, 0]
+        for stage, new in stage_walk(plan):
+            base = [0, 0] if stage == "capacity" else cur  # the need line sets the target afresh
+            for i, r in enumerate(("prefill", "decode")):
+                added[stage, r] += (new[i] - base[i]) * gpus * dt
+            cur = new
         final = [plan.prefill, plan.decode]
         for i, r in enumerate(("prefill", "decode")):
             added["hysteresis", r] += (final[i] - cur[i]) * gpus * dt
