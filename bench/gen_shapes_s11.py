@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from serving.workload import formats as F  # noqa: E402
 from serving.workload.readers import read_trace  # noqa: E402
+from serving.workload.synthetic import LengthDist  # noqa: E402
 from serving.workload.trace import Trace  # noqa: E402
 from serving.workload.variants import CODE_TRACE, CONV_TRACE, bundled, superpose, thin  # noqa: E402
 from serving.workload.writers import write_trace  # noqa: E402
@@ -53,12 +54,10 @@ class Lengths:
     output_max: int = 4_000
 
     def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        p = np.rint(self.prompt_median * np.exp(self.sigma * rng.standard_normal(n)))
-        o = np.rint(self.output_median * np.exp(self.sigma * rng.standard_normal(n)))
-        return (
-            np.clip(p, 1, self.prompt_max).astype(np.int64),
-            np.clip(o, 1, self.output_max).astype(np.int64),
-        )
+        """``n`` prompt lengths, then ``n`` output lengths (the workload generator's ``LengthDist``)."""
+        prompt = LengthDist(median_tokens=self.prompt_median, sigma=self.sigma, max_tokens=self.prompt_max)
+        output = LengthDist(median_tokens=self.output_median, sigma=self.sigma, max_tokens=self.output_max)
+        return prompt.sample(rng, n), output.sample(rng, n)
 
 
 @dataclass(frozen=True)
