@@ -220,11 +220,17 @@ def build(seed: int = 0) -> dict[str, tuple[str, Trace]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument(
+        "--only", nargs="*", default=None, help="write only these shapes (file names without .csv)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    shapes = build(args.seed)
+    unknown = sorted(set(args.only or ()) - set(shapes))
+    if unknown:
+        ap.error(f"--only: unknown shape(s) {', '.join(unknown)}; known: {', '.join(shapes)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, (desc, trace) in build(args.seed).items():
+    for name, (desc, trace) in shapes.items():
         if args.only and name not in args.only:
             continue
         path = args.out / f"{name}.csv"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,3 +76,13 @@ def test_linear_pieces_run_from_start_to_end() -> None:
     assert len(p) == 15 and p[0].rate_rps > p[-1].rate_rps
     assert abs(sum(x.duration_s for x in p) - 900.0) < 1e-9
     assert abs(np.mean([x.rate_rps for x in p]) - 7.5) < 1e-9
+
+
+def test_an_unknown_only_name_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        gen.main(["--out", str(tmp_path / "out"), "--only", "s11_very_low", "s11_nosuch"])
+    assert exc.value.code == 2
+    assert "s11_nosuch" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing written on a refused command
