@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from pydantic import ValidationError
@@ -207,28 +207,32 @@ class _ControllerPolicy:
         return out
 
 
-class ReactivePolicy(_ControllerPolicy):
-    """HPA-like scaling on measured load (controller.policy.reactive); the fleet's GPU budget by SLO risk.
+BC = TypeVar("BC", ReactiveConfig, DynamoConfig)
+BS = TypeVar("BS", ReactiveState, DynamoState)
 
-    ``pool_configs``: per-pool configs (pool name -> config) over ``config`` for the pools they name.
-    """
 
-    name = "reactive"
+class _BaselinePolicy(_ControllerPolicy, Generic[BC, BS]):
+    """A comparison policy over the controller's plumbing: per pool, one pure ``decide_*`` call on the
+    aggregated observation, then the fleet's GPU budget by SLO risk. Subclasses name the config and state
+    types and the call (``_decide``); ``pool_configs`` (pool name -> config) override ``config`` per pool."""
+
+    config_type: type[BC]
+    state_type: type[BS]
 
     def __init__(
         self,
-        config: ReactiveConfig | None = None,
-        pool_configs: Mapping[str, ReactiveConfig] | None = None,
+        config: BC | None = None,
+        pool_configs: Mapping[str, BC] | None = None,
         gpu_shares: Mapping[str, int] | None = None,
         reserve: ReserveSettings | None = None,
     ) -> None:
         super().__init__()
         self.gpu_shares = dict(gpu_shares or {})
         self.reserve = reserve
-        self.config = config or ReactiveConfig()
-        self.pool_configs = dict(pool_configs or {})
-        self.configs: dict[str, ReactiveConfig] = {}
-        self.states: dict[str, ReactiveState] = {}
+        self.config: BC = config or self.config_type()
+        self.pool_configs: dict[str, BC] = dict(pool_configs or {})
+        self.configs: dict[str, BC] = {}
+        self.states: dict[str, BS] = {}
 
     def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
         super().reset(fleet, traces)
@@ -239,56 +243,12 @@ class ReactivePolicy(_ControllerPolicy):
             )
             for p in fleet.pools
         }
-        self.states = {p.name: ReactiveState() for p in fleet.pools}
+        self.states = {p.name: self.state_type() for p in fleet.pools}
 
-    def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
-        loads, _ = self._loads(view)
-        inputs: dict[str, BudgetInput] = {}
-        for name, track in self.tracks.items():
-            cfg = self.configs[name]
-            counts = view_counts(name, view, track.replicas)
-            obs = build_observation(name, loads[name], counts, view.now_s, None, track.lengths)
-            cap = track.capacity.get(
-                track.lengths.prompt_ewma, track.lengths.output_ewma, prompt_load_per_node(obs)
-            )
-            plan, self.states[name] = decide_reactive(
-                obs, cap, cfg, track.spec.slo_ttft_ms, self.states[name]
-            )
-            floor = (cfg.min_prefill, cfg.min_decode)
-            inputs[name] = _budget_input(track, plan, obs, cap, counts, floor)
-        return self._commands(now_s, inputs)
-
-
-class DynamoLikePolicy(_ControllerPolicy):
-    """Dynamo planner's SLA mode (controller.policy.dynamo); the fleet's GPU budget by SLO risk."""
-
-    name = "dynamo-like"
-
-    def __init__(
-        self,
-        config: DynamoConfig | None = None,
-        pool_configs: Mapping[str, DynamoConfig] | None = None,
-        gpu_shares: Mapping[str, int] | None = None,
-        reserve: ReserveSettings | None = None,
-    ) -> None:
-        super().__init__()
-        self.gpu_shares = dict(gpu_shares or {})
-        self.reserve = reserve
-        self.config = config or DynamoConfig()
-        self.pool_configs = dict(pool_configs or {})
-        self.configs: dict[str, DynamoConfig] = {}
-        self.states: dict[str, DynamoState] = {}
-
-    def reset(self, fleet: FleetSpec, traces: Mapping[str, Trace]) -> None:
-        super().reset(fleet, traces)
-        _check_pool_names(self.pool_configs, fleet, self.name)
-        self.configs = {
-            p.name: with_spec_bounds(
-                _mixed_node_config(self.pool_configs.get(p.name, self.config), p, self.name), p
-            )
-            for p in fleet.pools
-        }
-        self.states = {p.name: DynamoState() for p in fleet.pools}
+    def _decide(
+        self, obs: PoolObservation, cap: PoolCapacity, cfg: BC, dt: float, track: _PoolTrack, state: BS
+    ) -> tuple[ScalingPlan | None, BS]:
+        raise NotImplementedError(f"{type(self).__name__}._decide")
 
     def on_tick(self, now_s: float, view: ReplayView) -> list[ScaleCommand]:
         loads, dt = self._loads(view)
@@ -300,10 +260,51 @@ class DynamoLikePolicy(_ControllerPolicy):
             cap = track.capacity.get(
                 track.lengths.prompt_ewma, track.lengths.output_ewma, prompt_load_per_node(obs)
             )
-            plan, self.states[name] = decide_dynamo(obs, cap, cfg, dt, self.states[name])
+            plan, self.states[name] = self._decide(obs, cap, cfg, dt, track, self.states[name])
             floor = (cfg.min_prefill, cfg.min_decode)
             inputs[name] = _budget_input(track, plan, obs, cap, counts, floor)
         return self._commands(now_s, inputs)
+
+
+class ReactivePolicy(_BaselinePolicy[ReactiveConfig, ReactiveState]):
+    """HPA-like scaling on measured load (controller.policy.reactive); the fleet's GPU budget by SLO risk.
+
+    ``pool_configs``: per-pool configs (pool name -> config) over ``config`` for the pools they name.
+    """
+
+    name = "reactive"
+    config_type = ReactiveConfig
+    state_type = ReactiveState
+
+    def _decide(
+        self,
+        obs: PoolObservation,
+        cap: PoolCapacity,
+        cfg: ReactiveConfig,
+        dt: float,
+        track: _PoolTrack,
+        state: ReactiveState,
+    ) -> tuple[ScalingPlan | None, ReactiveState]:
+        return decide_reactive(obs, cap, cfg, track.spec.slo_ttft_ms, state)
+
+
+class DynamoLikePolicy(_BaselinePolicy[DynamoConfig, DynamoState]):
+    """Dynamo planner's SLA mode (controller.policy.dynamo); the fleet's GPU budget by SLO risk."""
+
+    name = "dynamo-like"
+    config_type = DynamoConfig
+    state_type = DynamoState
+
+    def _decide(
+        self,
+        obs: PoolObservation,
+        cap: PoolCapacity,
+        cfg: DynamoConfig,
+        dt: float,
+        track: _PoolTrack,
+        state: DynamoState,
+    ) -> tuple[ScalingPlan | None, DynamoState]:
+        return decide_dynamo(obs, cap, cfg, dt, state)
 
 
 ForecasterFactory = Callable[[], Forecaster]
