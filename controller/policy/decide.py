@@ -172,13 +172,13 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     on_top = cfg.standby_untested_s > 0 and not cfg.standby_untested_spare and obs.now_s < bet_until_s
     if cfg.standby_counts_spare and not on_top:
         spares = {r: max(final[r] - wanted[r], 0) for r in ROLES}
-        if cfg.standby_spare_settle == "window":
+        if cfg.standby_spare_settle != "tick":
             spares, state = _settled_spare(spares, obs.now_s, cfg, state)
         for role in ROLES:
             spare = spares[role]
             if spare > 0 and standby_target[role] > 0:
                 kept = max(0, standby_target[role] - spare)
-                settled = " (the most over the settle window)" if cfg.standby_spare_settle == "window" else ""
+                settled = " (the most over the settle window)" if cfg.standby_spare_settle != "tick" else ""
                 reasons.append(
                     f"{role}: standby {standby_target[role]} → {kept}: {spare} active replica(s) held above the"
                     f" target{settled} already absorb a burst"
@@ -280,8 +280,13 @@ def _settled_spare(
     provision lead) (``stages.hold_standby``'s window). The spare follows the per-second wanted target under a
     held active target, so the standby it leaves flips with it, and each flip back up is a cold start
     cancelled at the next flip down; counted at its most over the window, the standby it leaves changes only
-    with a change that lasted. A rise of the sized standby itself (a rising load, no spare) is not delayed."""
-    window_s = max(cfg.scale_down_delay_s, cfg.provision_lead_s)
+    with a change that lasted. A rise of the sized standby itself (a rising load, no spare) is not delayed.
+    ``standby_spare_settle='persist'`` takes the window as ``cold_start_persist_s`` instead: the standby
+    asked for again when the spare vanishes waits as long as a cold active target does."""
+    if cfg.standby_spare_settle == "persist":
+        window_s = cfg.cold_start_persist_s
+    else:
+        window_s = max(cfg.scale_down_delay_s, cfg.provision_lead_s)
     recent, held = stages.hold_standby(
         state.spare_recent, now_s, (spares["prefill"], spares["decode"]), window_s
     )

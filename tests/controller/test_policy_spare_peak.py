@@ -5,6 +5,7 @@ capacity. Tables on hand-built inputs, properties, and runs through ``decide``."
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -129,11 +130,15 @@ def test_peak_quantile_is_monotone_and_leaves_the_rise_alone(needs: list[float],
     assert r_lo == r_hi
 
 
-def test_settled_spare_is_the_most_over_the_window() -> None:
+@pytest.mark.parametrize("settle", ["window", "persist"])
+def test_settled_spare_is_the_most_over_the_window(settle: Literal["window", "persist"]) -> None:
     """A spare of 1 every other tick (the flap) counts as 1 throughout, and as 0 only once no spare has been
-    seen for the whole window."""
-    cfg = PolicyConfig(standby_spare_settle="window")
-    window_s = max(cfg.scale_down_delay_s, cfg.provision_lead_s)
+    seen for the whole window: max(scale-down delay, provision lead) for 'window', the cold-start wait for
+    'persist'."""
+    cfg = PolicyConfig(standby_spare_settle=settle)
+    window_s = (
+        max(cfg.scale_down_delay_s, cfg.provision_lead_s) if settle == "window" else cfg.cold_start_persist_s
+    )
     state = PoolState()
     seen = []
     plan = [0, 1] * 10 + [0] * int(window_s + 5)
@@ -143,6 +148,22 @@ def test_settled_spare_is_the_most_over_the_window() -> None:
     assert seen[1:20] == [1] * 19  # no flap once a spare was seen
     assert all(x == 1 for x in seen[1 : 19 + int(window_s)])
     assert seen[-1] == 0
+    # the last spare (t = 19) is remembered for the window, no longer
+    assert seen.index(0, 20) == 19 + int(window_s)
+
+
+def test_persist_settle_follows_the_cold_start_wait() -> None:
+    """'persist' remembers the spare for exactly ``cold_start_persist_s``: a longer wait, a longer memory."""
+    last_one = {}
+    for wait_s in (10.0, 30.0):
+        cfg = PolicyConfig(standby_spare_settle="persist", cold_start_persist_s=wait_s)
+        state = PoolState()
+        seen = []
+        for t in range(80):
+            held, state = _settled_spare({"prefill": 0, "decode": 1 if t == 0 else 0}, float(t), cfg, state)
+            seen.append(held["decode"])
+        last_one[wait_s] = max(i for i, x in enumerate(seen) if x == 1)
+    assert last_one == {10.0: 9, 30.0: 29}  # the window is (now - wait, now]
 
 
 @given(
@@ -162,7 +183,7 @@ def test_decide_standby_does_not_flap_with_the_spare() -> None:
     """Wanted decode flips by one each tick under a held active target: the spare flips with it, and tick by
     tick the standby it leaves flips too (each rise a cold start); settled over the window it stays put."""
     rows = {}
-    for settle in ("tick", "window"):
+    for settle in ("tick", "window", "persist"):
         cfg = PolicyConfig(
             standby_spare_settle=settle,
             burst_reserve="off",
@@ -185,7 +206,9 @@ def test_decide_standby_does_not_flap_with_the_spare() -> None:
     flips = {k: int(np.count_nonzero(np.diff(v))) for k, v in rows.items()}
     assert flips["tick"] > 0
     assert flips["window"] == 0
+    assert flips["persist"] == 0
     assert rows["window"].max() <= rows["tick"].max()
+    assert rows["persist"].max() <= rows["tick"].max()
 
 
 def test_churn_probe_tallies_gpu_seconds_by_state_and_counts_cancelled_cold_starts() -> None:
