@@ -6,8 +6,8 @@ checkpoint's p90 sits at the load, and the first rise is lost before the trend s
 and Poisson tests ask for 3 standard errors over 30-120 s, confirmed 5 and 10 s earlier). This lead asks
 less: the arrivals counted over the last ``window_s / 2`` against the half before, a two-sample Poisson
 test ``z = (n2 - n1) / sqrt(n1 + n2)`` (the counts' own noise, no fit, no confirmation), and when it reads a
-rise it projects the recent rate by the two halves' growth ``ahead_s`` on, capped at ``max_factor`` x the
-recent rate. ``decide`` then scales stage 1's need by projected / (the p90 stage 1 read) when that is above 1:
+rise it projects the recent rate by the two halves' growth to now and ``ahead_s`` on, each capped at
+``max_factor`` x. ``decide`` then scales stage 1's need by projected / (the p90 stage 1 read) when that is above 1:
 a forecast already above the projection (the shipped model's bias) leaves it unchanged, so the lead supplies
 what the forecast does not, whatever its bias. Pure functions: no clock, no I/O.
 """
@@ -62,8 +62,10 @@ def realised_rise(
     """The rise the arrivals counted over the last ``window_s`` show (``times``, ``rates``: known samples,
     time-ordered), or None when the recent half's count is not ``z_min`` standard errors above the earlier
     half's, the halves are covered too little, or the rate is unknown. The projection is the recent half's
-    mean rate grown at ``ln(recent / earlier) / (window_s / 2)`` per second over the quarter window since the
-    recent half's middle plus ``ahead_s``, and never above ``max_factor`` x the recent rate."""
+    mean rate grown at ``ln(recent / earlier) / (window_s / 2)`` per second to now (the quarter window since
+    the recent half's middle) and then over ``ahead_s``, each growth capped at ``max_factor`` x (so the
+    projection is never above ``max_factor ** 2`` x the recent half's rate: a convex rise is above its
+    half-window mean now, and a cap on the whole projection left it below the current rate)."""
     half = window_s / 2.0
     if not (math.isfinite(now_s) and half > 0) or times.size < 4:
         return None
@@ -80,10 +82,11 @@ def realised_rise(
     if not z >= z_min:
         return None
     r1, r2 = n1 / t1, n2 / t2
-    # an earlier half with no arrivals: the growth is unbounded, the cap decides
+    # an earlier half with no arrivals: the growth is unbounded, the caps decide
     growth = math.inf if r1 <= 0 else math.log(r2 / r1) / half
-    factor = min(math.exp(min(growth * (half / 2.0 + ahead_s), 50.0)), max_factor)
-    return RealisedRise(earlier_rps=r1, recent_rps=r2, z=z, projected_rps=r2 * factor)
+    now_rps = r2 * min(math.exp(min(growth * half / 2.0, 50.0)), max_factor)
+    projected = now_rps * min(math.exp(min(growth * ahead_s, 50.0)), max_factor)
+    return RealisedRise(earlier_rps=r1, recent_rps=r2, z=z, projected_rps=projected)
 
 
 def lead_factor(rise: RealisedRise | None, forecast_rps: float) -> float:
