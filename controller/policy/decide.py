@@ -208,21 +208,25 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     return plan, state
 
 
-def _rise_lead(packed: PackedRates, obs: PoolObservation, cfg: PolicyConfig) -> tuple[float, str]:
-    """``cfg.rise_lead='realised'``: how far the arrival p90 stage 1 read (``obs``, the recalibrated
-    observation) falls short of the rise the realised arrivals project one cold start on
-    (``rise_lead.realised_rise``), as a factor on stage 1's need (1 when they read none or the p90 covers
-    it), and why."""
-    times, rates = stages.known_rates(packed)
-    found = rise_lead.realised_rise(
-        times,
-        rates,
-        obs.now_s,
+def _realised_rise(packed: PackedRates, now_s: float, cfg: PolicyConfig) -> rise_lead.RealisedRise | None:
+    """``rise_lead.realised_rise`` on the known samples of ``packed`` with ``cfg``'s window, test and cap, one
+    cold start (``provision_lead_s``) ahead."""
+    return rise_lead.realised_rise(
+        *stages.known_rates(packed),
+        now_s,
         window_s=cfg.rise_lead_window_s,
         ahead_s=cfg.provision_lead_s,
         z_min=cfg.rise_lead_z,
         max_factor=cfg.rise_lead_max_factor,
     )
+
+
+def _rise_lead(packed: PackedRates, obs: PoolObservation, cfg: PolicyConfig) -> tuple[float, str]:
+    """``cfg.rise_lead='realised'``: how far the arrival p90 stage 1 read (``obs``, the recalibrated
+    observation) falls short of the rise the realised arrivals project one cold start on
+    (``rise_lead.realised_rise``), as a factor on stage 1's need (1 when they read none or the p90 covers
+    it), and why."""
+    found = _realised_rise(packed, obs.now_s, cfg)
     p90 = obs.forecast.rate(obs.forecast.arrivals_p90) if obs.forecast is not None else math.nan
     factor = rise_lead.lead_factor(found, p90)
     if found is None:
@@ -257,15 +261,8 @@ def _calibrate_arrivals(
     # (on the last tick's rate history: the test sees this tick's rate one tick later)
     max_applied = math.inf
     if lifted:
-        rising = rise_lead.realised_rise(
-            *stages.known_rates(state.rate_packed),
-            raw.now_s,
-            window_s=cfg.rise_lead_window_s,
-            ahead_s=cfg.provision_lead_s,
-            z_min=cfg.rise_lead_z,
-            max_factor=cfg.rise_lead_max_factor,
-        )
-        max_applied = params.max_scale if rising is not None else top
+        rising = _realised_rise(state.rate_packed, raw.now_s, cfg) is not None
+        max_applied = params.max_scale if rising else top
     cal = calibration.update_calibration(
         state.arrival_calibration, raw.now_s, raw.arrival_rps, raw.forecast, params
     )

@@ -126,9 +126,11 @@ def test_config_fields_are_validated_by_name() -> None:
             PolicyConfig(**{field: bad})
 
 
-def _decide(cfg: PolicyConfig, rates: np.ndarray) -> list[tuple[int, tuple[str, ...]]]:
-    """(decode target, reasons) of ``decide`` fed ``rates`` (one tick per second) with a calibrated forecast
-    (p90 = the rate), ISL 2000, OSL 200."""
+def _decide(
+    cfg: PolicyConfig, rates: np.ndarray, p90_ratio: float = 1.0
+) -> list[tuple[int, tuple[str, ...]]]:
+    """(prefill + decode target, reasons) of ``decide`` fed ``rates`` (one tick per second) with an arrival
+    p90 at ``p90_ratio`` x the rate (1: a calibrated forecast), ISL 2000, OSL 200."""
     state = PoolState()
     out = []
     for t, r in enumerate(rates):
@@ -137,7 +139,9 @@ def _decide(cfg: PolicyConfig, rates: np.ndarray) -> list[tuple[int, tuple[str, 
             arrival_rps=float(r),
             prompt_tps=float(r) * 2000.0,
             gen_tps=float(r) * 200.0,
-            forecast=forecast(prompt_tps=float(r) * 2000.0, gen_tps=float(r) * 200.0, rps=float(r)),
+            forecast=forecast(
+                prompt_tps=float(r) * 2000.0, gen_tps=float(r) * 200.0, rps=p90_ratio * float(r)
+            ),
         )
         plan, state = decide(PolicyContext(o, CAP, cfg, 1000.0, 50.0), state)
         assert plan is not None
@@ -178,34 +182,16 @@ def test_calibrated_forecast_applies_no_multiplier_above_the_bound() -> None:
     assert held is f and why is None  # both multipliers clamped to 1: unchanged
 
 
-def _under_forecast(cfg: PolicyConfig, rates: np.ndarray) -> list[tuple[int, tuple[str, ...]]]:
-    """(decode target, reasons) of ``decide`` fed ``rates`` with an arrival p90 at 0.6 x the rate."""
-    state = PoolState()
-    out = []
-    for t, r in enumerate(rates):
-        o = obs(
-            now_s=float(t),
-            arrival_rps=float(r),
-            prompt_tps=float(r) * 2000.0,
-            gen_tps=float(r) * 200.0,
-            forecast=forecast(prompt_tps=float(r) * 2000.0, gen_tps=float(r) * 200.0, rps=0.6 * float(r)),
-        )
-        plan, state = decide(PolicyContext(o, CAP, cfg, 1000.0, 50.0), state)
-        assert plan is not None
-        out.append((plan.decode, plan.reasons))
-    return out
-
-
 def test_calibrated_lead_lifts_an_under_covering_p90_only_on_a_rise() -> None:
     rng = np.random.default_rng(5)
     flat = rng.poisson(8.0, 200).astype(float)
-    off = _under_forecast(PolicyConfig(), flat)
-    on = _under_forecast(PolicyConfig(rise_lead="calibrated"), flat)
+    off = _decide(PolicyConfig(), flat, 0.6)
+    on = _decide(PolicyConfig(rise_lead="calibrated"), flat, 0.6)
     # no rise read: the default's bound (the reasons' coverage figures may differ, the counts may not)
     assert [d for d, _ in off] == [d for d, _ in on]
     rising = np.concatenate([flat, rng.poisson(8.0 + 0.3 * np.arange(120.0)).astype(float)])
-    off = _under_forecast(PolicyConfig(), rising)
-    on = _under_forecast(PolicyConfig(rise_lead="calibrated"), rising)
+    off = _decide(PolicyConfig(), rising, 0.6)
+    on = _decide(PolicyConfig(rise_lead="calibrated"), rising, 0.6)
     lifted = [t for t, (_, why) in enumerate(on) if any("the bound lifted" in r for r in why)]
     assert lifted and lifted[0] >= 200
     assert max(d for d, _ in on[200:]) > max(d for d, _ in off[200:])
