@@ -83,7 +83,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         need = stages.with_trend(need, led)
     if why_trend:
         queued = stages.queued_decode(obs, cap)
-        need = stages.with_trend(need, max(factor, led), queued)
+        need = stages.with_trend(need, led if led > 1.0 else factor, queued)  # led > 1 only above factor
         reasons.append(
             f"{why_trend}; + {queued:.2f} decode for the queue it will prefill" if queued else why_trend
         )
