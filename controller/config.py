@@ -374,6 +374,43 @@ class PolicyConfig(BaseModel):
             " step, and a slow one, earlier, and projects it by its fitted growth, capped at 4x"
         ),
     )
+    rise_lead: Literal["off", "realised", "calibrated"] = Field(
+        "off",
+        description=(
+            "a lead for the start of a rise that does not lean on the forecaster's bias"
+            " (controller.policy.rise_lead), read by a two-sample Poisson test of the arrivals counted over the"
+            " last rise_lead_window_s / 2 against the half before (rise_lead_z standard errors): 'realised' ="
+            " the recent rate projected by that growth one cold start (provision_lead_s) on, capped at"
+            " rise_lead_max_factor x, and stage 1's need scaled by projected / the arrival p90 it read when that"
+            " is above 1; 'calibrated' = the arrival calibration's multipliers may rise to rise_lead_max_scale"
+            " (an under-covering p90 raised), but the part above arrival_calibration_max_scale applies only on"
+            " ticks at which the test reads a rise (needs arrival_calibration: coverage); 'off' (default) = none"
+        ),
+    )
+    rise_lead_max_scale: float = Field(
+        2.0,
+        ge=1.0,
+        le=10.0,
+        description="rise_lead='calibrated': the arrival calibration's multiplier bound while a rise is read",
+    )
+    rise_lead_window_s: float = Field(
+        60.0,
+        gt=0.0,
+        le=300.0,
+        description="rise_lead: the trailing window, seconds, split in two halves for the count test",
+    )
+    rise_lead_z: float = Field(
+        3.0,
+        gt=0.0,
+        le=20.0,
+        description="rise_lead: the evidence of a rise, standard errors of the halves' count difference",
+    )
+    rise_lead_max_factor: float = Field(
+        2.0,
+        ge=1.0,
+        le=10.0,
+        description="rise_lead: the projection's cap, as a multiple of the recent half's rate",
+    )
     provision_lead_s: float = Field(
         120.0,
         ge=0.0,
@@ -553,6 +590,8 @@ class PolicyConfig(BaseModel):
             problems.append(f"min_decode ({self.min_decode}) > max_decode ({self.max_decode})")
         if self.pd_ratio_max and self.pd_ratio_min > self.pd_ratio_max:
             problems.append(f"pd_ratio_min ({self.pd_ratio_min}) > pd_ratio_max ({self.pd_ratio_max})")
+        if self.rise_lead == "calibrated" and self.arrival_calibration == "off":
+            problems.append("rise_lead 'calibrated' needs arrival_calibration 'coverage' (it is 'off')")
         if problems:
             raise ValueError("; ".join(problems))
         return self

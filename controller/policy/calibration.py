@@ -116,17 +116,20 @@ def calibrated_forecast(
     params: CalibrationParams,
     *,
     saturated: bool = False,
+    max_applied: float = math.inf,
 ) -> tuple[PoolForecast | None, str | None]:
     """The forecast with its arrival p50 and p90 scaled by the tracked multipliers, and why (None when
     unchanged).
 
     Unchanged before ``params.warmup_s`` of comparisons, or for an unknown forecast. While ``saturated`` (the
     decode fleet is full) a multiplier below 1 is not applied. Neither quantile is scaled below the measured
-    rate ``measured_rps`` (when known), and the p90 is never below the p50. The token forecasts are untouched."""
+    rate ``measured_rps`` (when known), and the p90 is never below the p50; neither multiplier applies above
+    ``max_applied`` (``PolicyConfig.rise_lead='calibrated'``: the bound off a rise). The token forecasts are
+    untouched."""
     issued = _issued(forecast, cal)
     if forecast is None or issued is None or cal.compared_s < params.warmup_s:
         return forecast, None
-    s50, s90 = cal.scales()
+    s50, s90 = (min(s, max_applied) for s in cal.scales())
     if saturated:
         s50, s90 = max(s50, 1.0), max(s90, 1.0)
     floor = measured_rps if _known(measured_rps) else 0.0

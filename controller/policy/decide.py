@@ -8,9 +8,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.config import PolicyConfig
-from controller.policy import calibration, rise, stages
+from controller.policy import calibration, rise, rise_lead, stages
 from controller.policy.types import (
     ROLES,
+    PackedRates,
     PoolCapacity,
     PoolObservation,
     PoolState,
@@ -71,9 +72,18 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     )
     if cfg.trend_test == "poisson" and why_trend is None:  # opt-in: a convex or slow rise the line misses
         factor, why_trend = rise.rise_factor(state.rate_history, obs.now_s, cfg.provision_lead_s)
+    led = 1.0
+    if cfg.rise_lead == "realised":  # opt-in: what the p90 misses of a rise, read from the realised arrivals
+        led, why_led = _rise_lead(packed, stage1_obs, cfg)
+        if led > (factor if why_trend else 1.0):
+            reasons.append(why_led)
+        else:
+            led = 1.0
+    if led > 1.0 and not why_trend:
+        need = stages.with_trend(need, led)
     if why_trend:
         queued = stages.queued_decode(obs, cap)
-        need = stages.with_trend(need, factor, queued)
+        need = stages.with_trend(need, led if led > 1.0 else factor, queued)  # led > 1 only above factor
         reasons.append(
             f"{why_trend}; + {queued:.2f} decode for the queue it will prefill" if queued else why_trend
         )
@@ -138,7 +148,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     cold_persist_s = cfg.cold_start_persist_s if obs.waiting_requests == 0 and watched else 0.0
     decode_persists = cfg.cold_start_persist_decode and why_trend is None
     # A projected ramp's target is the load one cold start ahead: rate-limiting it only delays that capacity.
-    rate_limited = not (cfg.ramp_up_on_trend == "lifted" and why_trend is not None)
+    rate_limited = not (cfg.ramp_up_on_trend == "lifted" and (why_trend is not None or led > 1.0))
     bounds = {"prefill": (cfg.min_prefill, cfg.max_prefill), "decode": (cfg.min_decode, cfg.max_decode)}
     roles = dict(state.roles)
     final: dict[str, int] = {}
@@ -198,6 +208,37 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     return plan, state
 
 
+def _realised_rise(packed: PackedRates, now_s: float, cfg: PolicyConfig) -> rise_lead.RealisedRise | None:
+    """``rise_lead.realised_rise`` on the known samples of ``packed`` with ``cfg``'s window, test and cap, one
+    cold start (``provision_lead_s``) ahead."""
+    return rise_lead.realised_rise(
+        *stages.known_rates(packed),
+        now_s,
+        window_s=cfg.rise_lead_window_s,
+        ahead_s=cfg.provision_lead_s,
+        z_min=cfg.rise_lead_z,
+        max_factor=cfg.rise_lead_max_factor,
+    )
+
+
+def _rise_lead(packed: PackedRates, obs: PoolObservation, cfg: PolicyConfig) -> tuple[float, str]:
+    """``cfg.rise_lead='realised'``: how far the arrival p90 stage 1 read (``obs``, the recalibrated
+    observation) falls short of the rise the realised arrivals project one cold start on
+    (``rise_lead.realised_rise``), as a factor on stage 1's need (1 when they read none or the p90 covers
+    it), and why."""
+    found = _realised_rise(packed, obs.now_s, cfg)
+    p90 = obs.forecast.rate(obs.forecast.arrivals_p90) if obs.forecast is not None else math.nan
+    factor = rise_lead.lead_factor(found, p90)
+    if found is None:
+        return 1.0, ""
+    why = (
+        f"rise lead: arrivals {found.earlier_rps:.1f} → {found.recent_rps:.1f} req/s over the last"
+        f" {cfg.rise_lead_window_s:.0f} s ({found.z:.1f} standard errors) → {found.projected_rps:.1f} req/s"
+        f" in {cfg.provision_lead_s:.0f} s, above the p90 {p90:.1f}: need × {factor:.2f}"
+    )
+    return factor, why
+
+
 def _calibrate_arrivals(
     raw: PoolObservation, obs: PoolObservation, cap: PoolCapacity, cfg: PolicyConfig, state: PoolState
 ) -> tuple[PoolObservation, PoolState, str | None]:
@@ -208,12 +249,20 @@ def _calibrate_arrivals(
     kept 2.6 × the standby GPU-s on mmpp-holdout for no SLO. 'off' passes everything through."""
     if cfg.arrival_calibration == "off":
         return obs, state, None
+    lifted = cfg.rise_lead == "calibrated"
+    top = cfg.arrival_calibration_max_scale
     params = calibration.CalibrationParams(
         gain_per_s=cfg.arrival_calibration_gain_per_s,
         min_scale=cfg.arrival_calibration_min_scale,
-        max_scale=cfg.arrival_calibration_max_scale,
+        max_scale=max(top, cfg.rise_lead_max_scale) if lifted else top,
         warmup_s=cfg.arrival_calibration_warmup_s,
     )
+    # rise_lead='calibrated': above arrival_calibration_max_scale only while the realised arrivals read a rise
+    # (on the last tick's rate history: the test sees this tick's rate one tick later)
+    max_applied = math.inf
+    if lifted:
+        rising = _realised_rise(state.rate_packed, raw.now_s, cfg) is not None
+        max_applied = params.max_scale if rising else top
     cal = calibration.update_calibration(
         state.arrival_calibration, raw.now_s, raw.arrival_rps, raw.forecast, params
     )
@@ -223,7 +272,10 @@ def _calibrate_arrivals(
         obs.arrival_rps,
         params,
         saturated=stages.decode_saturated(obs, cap, cfg.decode_saturated_kv),
+        max_applied=max_applied,
     )
+    if why and lifted and max_applied > top:
+        why += "; rise lead: a rise read, the bound lifted"
     return evolve(obs, forecast=forecast), evolve(state, arrival_calibration=cal), why
 
 
