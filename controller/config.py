@@ -29,7 +29,8 @@ class PolicyConfig(BaseModel):
     'off', False and True gives the seed's policy back. ``burst_reserve_level='tick'``,
     ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back;
     ``burst_peak_headroom='both'`` and ``cold_start_persist_decode=False`` give session 4's;
-    ``ramp_up_on_trend='limited'`` gives session 6's; ``cold_start_persist_s=5`` session 9's."""
+    ``ramp_up_on_trend='limited'`` gives session 6's; ``cold_start_persist_s=5`` session 9's;
+    ``standby_start_persist=False`` session 11's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -410,14 +411,15 @@ class PolicyConfig(BaseModel):
         ),
     )
     standby_start_persist: bool = Field(
-        False,
+        True,
         description=(
             "apply cold_start_persist_s to the standby target too (where it applies to the role's active"
             " target: prefill, decode with cold_start_persist_decode, no queue, the pool watched): a standby"
             " target above the warm standby instances goes only as far as the lowest standby target of the"
             " last cold_start_persist_s. Under a held active target the spare active replica counted against"
             " standby (standby_counts_spare) flips the decode standby 1 ↔ 0 per tick, a cold start cancelled"
-            " the next second (s11w: 20 of the overdispersed noise's 29 unserved cold starts). Off by default"
+            " the next second (s11w: 20 of the overdispersed noise's 29 unserved cold starts). On by default since"
+            " session 12: the same SLO on every reference row, 646 fewer GPU-s; False = session 11"
             " (docs/OPERATIONS.md §7.16, docs/BENCHMARKS.md s12s)"
         ),
     )
