@@ -448,6 +448,20 @@ class PolicyConfig(BaseModel):
             " of bench_policies.py, up to 1.6 % fewer GPU-s (docs/BENCHMARKS.md, W7). False = session 4"
         ),
     )
+    standby_start_persist: bool = Field(
+        False,
+        description=(
+            "apply cold_start_persist_s to the standby target too (where it applies to the role's active"
+            " target: prefill, decode with cold_start_persist_decode, no queue, the pool watched): a standby"
+            " target above the warm standby instances goes only as far as the lowest standby target of the"
+            " last cold_start_persist_s. Under a held active target the spare active replica counted against"
+            " standby (standby_counts_spare) flips the decode standby 1 ↔ 0 per tick, a cold start cancelled"
+            " the next second (s11w: 20 of the overdispersed noise's 29 unserved cold starts). Measured: the same"
+            " SLO on every reference row and 646 fewer GPU-s, but -1.40 SLO points on an output-length shift and"
+            " the noise's unserved cold starts only 29 -> 28: off by default"
+            " (docs/OPERATIONS.md 7.18, docs/BENCHMARKS.md s12s)"
+        ),
+    )
     output_ratio: Literal["per-tick", "smoothed"] = Field(
         "smoothed",
         description=(

@@ -194,6 +194,10 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
                     f" target{settled} already absorb a burst"
                 )
                 standby_target[role] = kept
+    if cfg.standby_start_persist:
+        persist = {r: cold_persist_s if r == "prefill" or decode_persists else 0.0 for r in ROLES}
+        standby_target, state, why_persist = _standby_persisted(standby_target, obs, persist, state)
+        reasons.extend(why_persist)
     state = evolve(state, roles=roles)
     plan = ScalingPlan(
         pool=obs.pool,
@@ -343,6 +347,37 @@ def _settled_spare(
         state.spare_recent, now_s, (spares["prefill"], spares["decode"]), window_s
     )
     return {"prefill": held[0], "decode": held[1]}, evolve(state, spare_recent=recent)
+
+
+def _standby_persisted(
+    target: dict[str, int], obs: PoolObservation, persist_s: dict[str, float], state: PoolState
+) -> tuple[dict[str, int], PoolState, list[str]]:
+    """``cfg.standby_start_persist``: the cold-start persistence (``cold_start_persist_s``, as
+    ``stages.hysteresis_stage`` applies it to the active target) for the standby target too. A standby target
+    above the role's warm standby instances goes only as far as the lowest standby target of the last
+    ``persist_s[role]`` seconds (0 = no wait: a queue, a pool not yet watched for one cold start, decode while a
+    ramp is projected), and never below the warm standby, so no held instance is released by this rule: under a
+    held active target the spare active replica flips the standby between 1 and 0 every tick, and each flip up
+    was a cold start cancelled at the next flip down (s11w). This tick's own target always counts; the window
+    remembers the targets before this cut, as the active rule remembers the wanted ones."""
+    longest = max(persist_s.values())
+    kept = stages.recent_rows(state.standby_start_recent, obs.now_s, longest) if longest > 0 else ()
+    reasons = []
+    out = dict(target)
+    for i, role in enumerate(ROLES):
+        warm = obs.standby.get(role, 0)
+        if persist_s[role] <= 0 or target[role] <= warm:
+            continue
+        window = [int(row[1 + i]) for row in kept if obs.now_s - row[0] < persist_s[role]]
+        lasting = min(min(window, default=target[role]), target[role])
+        if lasting < target[role]:
+            out[role] = max(lasting, warm)
+            reasons.append(
+                f"{role}: standby cold start only for a target wanted {persist_s[role]:.0f} s:"
+                f" {target[role]} → {out[role]}"
+            )
+    rows = stages.append_row(kept, (obs.now_s, target["prefill"], target["decode"]))
+    return out, evolve(state, standby_start_recent=rows), reasons
 
 
 def _with_count(plan: ScalingPlan, field: str, value: int, reason: str) -> ScalingPlan:

@@ -200,6 +200,8 @@ class PoolState:
     standby_recent: tuple[tuple[float, int, int], ...] = ()  # (time_s, prefill, decode) sized standby
     # (time_s, prefill, decode) spare active replicas (final − wanted) over the settle window (decide)
     spare_recent: tuple[tuple[float, int, int], ...] = ()
+    # (time_s, prefill, decode) standby targets over cold_start_persist_s (decide; standby_start_persist)
+    standby_start_recent: tuple[tuple[float, int, int], ...] = ()
     # (block_start_s, prefill need, decode need, ticks): the mean instances the measured load needed in each
     # block of ``stages.NEED_BLOCK_S`` over the burst window (stages.burst_reserve reads it)
     need_blocks: tuple[tuple[float, float, float, int], ...] = ()
