@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from datetime import datetime
 from pathlib import Path
@@ -137,6 +138,70 @@ def _load_sources(
     return sources, frames
 
 
+def _check_replay_options(replay: list[Path] | None, policy: str, speed: float, profile: str) -> None:
+    """``--replay`` files exist and the replay options are valid (before anything is read or replayed)."""
+    from serving.sim.hardware import get_profile
+    from training.replay_frames import REPLAY_POLICIES
+
+    for path in replay or []:
+        if not path.is_file():
+            raise typer.BadParameter(f"--replay {path}: no such file")
+    if policy not in REPLAY_POLICIES:
+        raise typer.BadParameter(f"--replay-policy {policy!r}: known are {', '.join(REPLAY_POLICIES)}")
+    if not (math.isfinite(speed) and speed > 0):
+        raise typer.BadParameter(f"--replay-speed {speed}: give a finite number > 0")
+    try:
+        get_profile(profile)
+    except (KeyError, ValueError) as exc:
+        raise typer.BadParameter(f"--replay-profile {profile!r}: {exc}") from exc
+
+
+def _replay_sources(
+    replay: list[Path] | None,
+    fmt: str | None,
+    policy: str,
+    speed: float,
+    profile: str,
+    *,
+    quiet: bool = False,
+) -> list[FrameSource]:
+    """Replay each ``--replay`` trace through the simulator (``training.replay_frames.replay_frame``) with a
+    progress bar; each becomes a frame source of kind "replay" whose summary names the trace (sha256), the
+    policy, the profile and the speed."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from serving.workload.readers import read_trace
+    from training.data import sha256_file
+    from training.fit import FrameSource
+    from training.replay_frames import replay_frame
+
+    out: list[FrameSource] = []
+    for path in replay or []:
+        tr = read_trace(path, fmt)
+        if len(tr) < 2 or not tr.duration_s > 0:
+            raise typer.BadParameter(
+                f"--replay {path}: {len(tr):,} request(s) over {tr.duration_s:g} s: nothing to replay"
+            )
+        bar = Progress(
+            TextColumn(f"replay {path.name}"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
+            TimeElapsedColumn(), console=console, disable=quiet, transient=False,
+        )  # fmt: skip
+        with bar:
+            task = bar.add_task("replay", total=tr.duration_s / speed)
+
+            def tick(now_s: float, end_s: float, task: Any = task, bar: Progress = bar) -> None:
+                bar.update(task, completed=min(now_s, end_s), total=end_s)
+
+            got = replay_frame(tr, policy=policy, profile=profile, speed=speed, progress=tick)
+        info = {"trace": str(path), "trace_sha256": sha256_file(path), "trace_format": tr.format, **got.info}
+        out.append(FrameSource(name=f"replay:{path}", frame=got.frame, kind="replay", info=info))
+        console.print(
+            f"[green]replayed[/] {path} under {policy} ({profile}, speed {speed:g}): "
+            f"{len(got.frame.times_s):,} ticks, SLO {got.info['replay_slo_attainment']:.2%}"
+        )
+    return out
+
+
 @app.command("fit")
 def fit_cmd(
     trace: Annotated[
@@ -152,6 +217,29 @@ def fit_cmd(
         str | None,
         typer.Option("--prometheus", help="Prometheus URL to read per-node vLLM metric history from."),
     ] = None,
+    replay: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--replay",
+            help="Request trace file (repeatable) to replay through the simulator: trains on the per-pool inputs "
+            "the loop's forecaster receives each tick (tokens counted as generated; running, waiting, KV, TTFT/ITL "
+            "filled in), not on the trace's arrivals. Combinable with --trace and --prometheus.",
+        ),
+    ] = None,
+    replay_policy: Annotated[
+        str,
+        typer.Option(
+            "--replay-policy",
+            help="Policy driving the replay: 'predictive' (the shipped checkpoint, what the controller loads by "
+            "default) or 'predictive-holt' (the Holt baseline: inputs independent of any checkpoint).",
+        ),
+    ] = "predictive",
+    replay_speed: Annotated[
+        float, typer.Option("--replay-speed", help="Replay the --replay traces this many times faster (> 0).")
+    ] = 1.0,
+    replay_profile: Annotated[
+        str, typer.Option("--replay-profile", help="Hardware profile MODEL/GPU of the replayed pool.")
+    ] = "llama3-8b/a100",
     range_: Annotated[
         str, typer.Option("--range", help="History to read from Prometheus, ending at --end: 90m, 6h, 7d.")
     ] = "7d",
@@ -316,6 +404,13 @@ def fit_cmd(
         --trace datasets/azure2023/AzureLLMInferenceTrace_conv.dev_before_1850.csv --out runs/azure --epochs 20
 
       train-forecaster fit --prometheus http://127.0.0.1:9090 --range 7d --step 1s --out runs/prod
+
+      train-forecaster fit --replay datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv
+        --trace datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv --out runs/replay
+
+    --replay replays a trace through the simulator (the engine of `pdscale replay`) under --replay-policy and
+    trains on what the loop's forecaster received each tick, per pool (docs/FORECASTER.md, "Training on replayed
+    traces").
     """
     import dataclasses
     import shutil
@@ -327,9 +422,12 @@ def fit_cmd(
     from training.datamodule import WindowConfig
     from training.fit import AugmentConfig, LabelConfig, TrainerConfig, build_series, fit_forecaster
 
-    if not trace and prometheus is None and synthetic == 0:
-        raise typer.BadParameter("give at least one --trace FILE, --prometheus URL, or --synthetic N > 0")
+    if not trace and not replay and prometheus is None and synthetic == 0:
+        raise typer.BadParameter(
+            "give at least one --trace FILE, --replay FILE, --prometheus URL, or --synthetic N > 0"
+        )
     # option checks before any source is read (a Prometheus range can take minutes)
+    _check_replay_options(replay, replay_policy, replay_speed, replay_profile)
     rates = _float_list(rate_range, "--rate-range")
     if len(rates) != 2 or not 0 < rates[0] <= rates[1]:
         raise typer.BadParameter(f"--rate-range {rate_range!r}: give LOW,HIGH with 0 < LOW <= HIGH")
@@ -360,6 +458,7 @@ def fit_cmd(
         trace, fmt, prometheus, range_=range_, step=step, end=end, node_label=node_label,
         query_timeout_s=query_timeout_s, role_label=role_label,
     )  # fmt: skip
+    frames += _replay_sources(replay, fmt, replay_policy, replay_speed, replay_profile, quiet=quiet)
     labels = LabelConfig(
         horizon_s=horizon_s,
         lead_s=burst_lead_s,

@@ -109,6 +109,10 @@ class FrameSource:
 
     name: str
     frame: MetricFrame
+    #: the summary's ``kind``: "prometheus", or "replay" (``training.replay_frames``: a trace replayed through
+    #: the simulator); ``info`` is added to the source's summary entry (what was replayed: trace sha, policy, ...)
+    kind: str = "prometheus"
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -286,7 +290,7 @@ def _frame_series(
                 )
             )
     info = {
-        "kind": "prometheus",
+        "kind": src.kind,
         "source": src.name,
         "nodes": list(frame.node_ids),
         "steps": n_t,
@@ -295,6 +299,7 @@ def _frame_series(
         "train_steps": cut_val,
         "val_steps": cut_test - cut_val,
         "observed_fraction": float(np.isfinite(frame.values).mean()) if frame.values.size else 0.0,
+        **src.info,
     }
     return train, val, info
 
