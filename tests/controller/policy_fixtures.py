@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from controller.config import PolicyConfig
-from controller.policy import PolicyContext, PoolCapacity, PoolForecast, PoolObservation
+from controller.policy import PolicyContext, PoolCapacity, PoolForecast, PoolObservation, ScalingPlan
 
 CAP = PoolCapacity(prefill_tps=10_000.0, decode_seqs=64.0, decode_tps=2_000.0, gpus_per_instance=1)
 
@@ -55,3 +55,23 @@ def ctx(o: PoolObservation, cfg: PolicyConfig | None = None, cap: PoolCapacity =
 
 
 NAN = math.nan
+
+
+def decode_flap_plans(cfg: PolicyConfig, ticks: int, warm_standby_decode: int) -> list[ScalingPlan]:
+    """``decide``'s plans, tick by tick, for the decode flap of the standby tests: 30 req/s for 20 s, then 12 and
+    16 req/s on alternate ticks (the wanted decode count flips by one under a held active target of 6), with
+    ``warm_standby_decode`` warm decode standby instances throughout."""
+    from controller.policy import PoolState, decide
+
+    state, out = PoolState(), []
+    for t in range(ticks):
+        rps = 30.0 if t < 20 else (12.0 if t % 2 else 16.0)
+        o = obs(
+            now_s=float(t), arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 200.0,
+            running_seqs=rps * 10.0, replicas={"prefill": 4, "decode": 6}, active={"prefill": 4, "decode": 6},
+            standby={"prefill": 0, "decode": warm_standby_decode},
+        )  # fmt: skip
+        plan, state = decide(ctx(o, cfg), state)
+        assert plan is not None
+        out.append(plan)
+    return out

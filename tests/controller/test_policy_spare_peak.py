@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from policy_fixtures import ctx, obs
+from policy_fixtures import decode_flap_plans
 
 from controller.config import PolicyConfig
-from controller.policy import PoolState, decide, stages
+from controller.policy import PoolState, stages
 from controller.policy.decide import _settled_spare
 
 Recent = tuple[tuple[float, int], ...]
@@ -191,17 +191,7 @@ def test_decide_standby_does_not_flap_with_the_spare() -> None:
             short_burst_cap=False,
             standby_decode=2,
         )
-        state, out = PoolState(), []
-        for t in range(200):
-            rps = 30.0 if t < 20 else (12.0 if t % 2 else 16.0)
-            o = obs(
-                now_s=float(t), arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 200.0,
-                running_seqs=rps * 10.0, replicas={"prefill": 4, "decode": 6}, active={"prefill": 4, "decode": 6},
-                standby={"prefill": 0, "decode": 2},
-            )  # fmt: skip
-            plan, state = decide(ctx(o, cfg), state)
-            assert plan is not None
-            out.append(plan.standby_decode)
+        out = [p.standby_decode for p in decode_flap_plans(cfg, 200, warm_standby_decode=2)]
         rows[settle] = np.asarray(out[60:])
     flips = {k: int(np.count_nonzero(np.diff(v))) for k, v in rows.items()}
     assert flips["tick"] > 0

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from policy_fixtures import ctx, obs
+from policy_fixtures import decode_flap_plans, obs
 
 from controller.config import PolicyConfig
-from controller.policy import PoolState, decide
+from controller.policy import PoolState
 from controller.policy.decide import _standby_persisted
 
 PERSIST = {"prefill": 30.0, "decode": 30.0}
@@ -84,18 +84,9 @@ def test_decide_stops_the_flap_of_a_promoted_standby() -> None:
             short_burst_cap=False,
             standby_decode=2,
         )
-        state, out = PoolState(), []
-        for t in range(300):
-            rps = 30.0 if t < 20 else (12.0 if t % 2 else 16.0)
-            o = obs(
-                now_s=float(t), arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 200.0,
-                running_seqs=rps * 10.0, replicas={"prefill": 4, "decode": 6}, active={"prefill": 4, "decode": 6},
-                standby={"prefill": 0, "decode": 0},
-            )  # fmt: skip
-            plan, state = decide(ctx(o, cfg), state)
-            assert plan is not None
-            assert plan.decode >= 1 and plan.prefill >= 1
-            out.append(plan.standby_decode)
+        plans = decode_flap_plans(cfg, 300, warm_standby_decode=0)
+        assert all(p.decode >= 1 and p.prefill >= 1 for p in plans)
+        out = [p.standby_decode for p in plans]
         rows[on] = np.asarray(out[150:])  # after the pool was watched for one cold start
     assert int(np.count_nonzero(np.diff(rows[False]))) > 0 and rows[False].max() > 0
     assert rows[True].max() == 0
