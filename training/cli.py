@@ -178,10 +178,6 @@ def _replay_sources(
     out: list[FrameSource] = []
     for path in replay or []:
         tr = read_trace(path, fmt)
-        if len(tr) < 2 or not tr.duration_s > 0:
-            raise typer.BadParameter(
-                f"--replay {path}: {len(tr):,} request(s) over {tr.duration_s:g} s: nothing to replay"
-            )
         bar = Progress(
             TextColumn(f"replay {path.name}"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
             TimeElapsedColumn(), console=console, disable=quiet, transient=False,
@@ -192,7 +188,10 @@ def _replay_sources(
             def tick(now_s: float, end_s: float, task: Any = task, bar: Progress = bar) -> None:
                 bar.update(task, completed=min(now_s, end_s), total=end_s)
 
-            got = replay_frame(tr, policy=policy, profile=profile, speed=speed, progress=tick)
+            try:
+                got = replay_frame(tr, policy=policy, profile=profile, speed=speed, progress=tick)
+            except ValueError as e:  # an empty or zero-span trace (the options were checked before)
+                raise typer.BadParameter(f"--replay {path}: {e}") from e
         info = {"trace": str(path), "trace_sha256": sha256_file(path), "trace_format": tr.format, **got.info}
         out.append(FrameSource(name=f"replay:{path}", frame=got.frame, kind="replay", info=info))
         console.print(

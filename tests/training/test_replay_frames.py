@@ -172,3 +172,14 @@ def test_fit_replay_missing_file_names_it(tmp_path: Path) -> None:
     result = runner.invoke(app, _tiny_fit(tmp_path, "--replay", str(tmp_path / "gone.csv")))
     assert result.exit_code != 0
     assert "gone.csv" in result.output and "--replay" in result.output
+
+
+def test_fit_replay_of_a_single_request_names_the_file(tmp_path: Path) -> None:
+    tr = _trace(60)
+    t0 = float(tr.arrival_s[0])
+    one = tr.window(t0, t0 + 1e-6)
+    assert len(one) == 1
+    csv = write_trace(one, tmp_path / "one.csv", "azure")
+    result = runner.invoke(app, _tiny_fit(tmp_path, "--replay", str(csv)))
+    assert result.exit_code != 0
+    assert "one.csv" in result.output and "--replay" in result.output and "nothing to replay" in result.output
