@@ -14,7 +14,8 @@ from serving.workload.writers import write_trace
 from training.cli import app
 from training.data import sha256_file
 
-runner = CliRunner()
+# Wide enough that rich's error panel never wraps a path (under xdist tmp_path is longer: .../popen-gw0/...)
+runner = CliRunner(env={"COLUMNS": "400"})
 
 
 @pytest.mark.parametrize(

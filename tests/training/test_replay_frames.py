@@ -27,7 +27,8 @@ from training.data import sha256_file
 from training.fit import FrameSource, LabelConfig, build_series
 from training.replay_frames import FrameRecorder, replay_frame
 
-runner = CliRunner()
+# Wide enough that rich's error panel never wraps a path (under xdist tmp_path is longer: .../popen-gw0/...)
+runner = CliRunner(env={"COLUMNS": "400"})
 
 
 def _trace(duration_s: float = 240.0, seed: int = 3):  # type: ignore[no-untyped-def]
