@@ -34,7 +34,13 @@ from serving.sim.engine import HOLDS_GPU
 
 ROLES = ("prefill", "decode")
 STATES = ("active", "idle", "standby", "prov", "drain")
-_STATE = {"active": "active", "standby": "standby", "provisioning": "prov", "activating": "prov", "draining": "drain"}
+_STATE = {
+    "active": "active",
+    "standby": "standby",
+    "provisioning": "prov",
+    "activating": "prov",
+    "draining": "drain",
+}
 
 
 class BinProbe:
@@ -73,7 +79,10 @@ def planned(decisions: list[tuple[float, ScalingPlan]], bin_s: float) -> dict[in
         row = acc[int(t // bin_s)]
         row["n"] += 1
         row["ramp"] += any(r.startswith("trend:") or "ramp" in r.split(":")[0] for r in p.reasons)
-        for role, active, standby in (("prefill", p.prefill, p.standby_prefill), ("decode", p.decode, p.standby_decode)):
+        for role, active, standby in (
+            ("prefill", p.prefill, p.standby_prefill),
+            ("decode", p.decode, p.standby_decode),
+        ):
             row[f"{role} active"] += active
             row[f"{role} standby"] += standby
             total = active + standby
@@ -91,7 +100,7 @@ def side(args: argparse.Namespace, params: str, bin_s: float) -> tuple[Any, BinP
     policy = make("predictive", args.forecaster, _parse_params(params))
     assert isinstance(policy, PredictivePolicy)
     probe = BinProbe(policy, bin_s)
-    rep = run("predictive", trace, fleet, probe)  # type: ignore[arg-type]
+    rep = run("predictive", trace, fleet, probe)
     return rep, probe, policy
 
 
@@ -103,12 +112,18 @@ def main() -> None:
     bin_s = args.bin_s
     rep_a, probe_a, pol_a = side(args, args.params, bin_s)
     rep_b, probe_b, pol_b = side(args, own.params_b, bin_s)
-    print(f"{args.workload}: A {args.params!r}: SLO {rep_a.slo_attainment:.2%}, GPU-s {rep_a.gpu_seconds:,.0f}")
-    print(f"{args.workload}: B {own.params_b!r}: SLO {rep_b.slo_attainment:.2%}, GPU-s {rep_b.gpu_seconds:,.0f}")
+    print(
+        f"{args.workload}: A {args.params!r}: SLO {rep_a.slo_attainment:.2%}, GPU-s {rep_a.gpu_seconds:,.0f}"
+    )
+    print(
+        f"{args.workload}: B {own.params_b!r}: SLO {rep_b.slo_attainment:.2%}, GPU-s {rep_b.gpu_seconds:,.0f}"
+    )
     plan_a, plan_b = planned(pol_a.decisions, bin_s), planned(pol_b.decisions, bin_s)
     bins = sorted({k[0] for k in probe_a.gpu_s} | {k[0] for k in probe_b.gpu_s})
     cols = [(r, s) for r in ROLES for s in STATES]
-    print(f"\nB − A GPU-s per {bin_s:.0f}-s bin (P = prefill, D = decode); planned active+standby A → B; ramp read (A)")
+    print(
+        f"\nB − A GPU-s per {bin_s:.0f}-s bin (P = prefill, D = decode); planned active+standby A → B; ramp read (A)"
+    )
     print(
         "| t s | " + " | ".join(f"{r[0].upper()} {s}" for r, s in cols) + " | B − A | cum | P plan A → B |"
         " D plan A → B | D starts A / B | ramp |"
@@ -124,7 +139,9 @@ def main() -> None:
             return f"{p.get(f'{role} active', 0):.1f}+{p.get(f'{role} standby', 0):.1f}"
 
         print(
-            f"| {b * bin_s:.0f} | " + " | ".join(f"{d:+.0f}" for d in diff) + f" | {sum(diff):+.0f} | {cum:+.0f} |"
+            f"| {b * bin_s:.0f} | "
+            + " | ".join(f"{d:+.0f}" for d in diff)
+            + f" | {sum(diff):+.0f} | {cum:+.0f} |"
             f" {pl(pa, 'prefill')} → {pl(pb, 'prefill')} | {pl(pa, 'decode')} → {pl(pb, 'decode')} |"
             f" {pa.get('decode up', 0):.0f} / {pb.get('decode up', 0):.0f} | {pa.get('ramp', 0):.0%} |"
         )

@@ -111,15 +111,17 @@ class PolicyConfig(BaseModel):
             " without a cold start. False: standby on top of the held active replicas (session 2's rule)"
         ),
     )
-    standby_spare_settle: Literal["tick", "window", "persist", "persist_reset", "persist_wait", "persist_both"] = Field(
+    standby_spare_settle: Literal["tick", "window", "persist", "persist_reset"] = Field(
         "tick",
         description=(
             "with standby_counts_spare, the spare active replicas (final - wanted) counted against standby:"
             " 'tick' = this tick's; 'window' = the most seen over max(scale_down_delay_s, provision_lead_s);"
             " 'persist' = the most seen over cold_start_persist_s (a standby asked for again after the spare"
             " vanished waits as a cold active target does; docs/OPERATIONS.md 7.16); 'persist_reset' = as"
-            " 'persist', but a role whose wanted target rises above its active replicas forgets the spares it"
-            " remembers (the load went past the held fleet: the standby is asked for at once). The"
+            " 'persist' over the wait the active rule applies this tick (none while a request waits, before"
+            " one cold start of history, for decode while a ramp is projected), and a role whose stages ask"
+            " for more than its active replicas forgets the spares it remembers (the load went past the held"
+            " fleet: the standby is asked for at once; docs/OPERATIONS.md 7.16). The"
             " spare follows the per-second wanted target under a held active target, and a standby dropped for"
             " a tick and asked for again is a cold start cancelled and restarted (Mooncake, session 4: 35 decode"
             " cold starts cancelled before ready; 'window': 6). Measured with 'window': -0.2 to -5.9 % GPU-s on"

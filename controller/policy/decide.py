@@ -348,15 +348,17 @@ def _settled_spare(
     ``standby_spare_settle='persist'`` takes the window as ``cold_start_persist_s`` instead: the standby
     asked for again when the spare vanishes waits as long as a cold active target does.
 
-    ``'persist_reset'``: as 'persist', but a role whose wanted target this tick is above its active replicas
-    (``past[role]``: the load has gone past the fleet held before this tick) forgets the spares it remembers.
-    Those replicas were spare only while the load was below the held fleet; once it is past it they are in use,
-    so the standby they stood for is asked for at once, as with 'tick'. On a long rise the spare vanishes for
-    good when the load reaches the held fleet, and 'persist' delayed the standby's cold start by the wait on
-    every such step: on the 2 → 24 req/s ramp one decode instance 29 s later, one fewer ready decode at 528 s,
-    the decode fleet read as full, the arrival calibration's cut lifted and 8 decode cold starts for a target
-    of 26 that lasted 60-88 s (docs/BENCHMARKS.md, s13p). A flap under a held target (wanted 2 ↔ 3 under 3)
-    never goes past it, so its spare stays settled."""
+    ``'persist_reset'``: as 'persist', with the wait the active rule applies this tick, ``waits[role]`` (0 while
+    a request waits, before one cold start of history, for decode while a ramp is projected: then this tick's
+    spare), and a role whose stages ask for more than its active replicas (``past[role]``: the load has gone
+    past the fleet held before this tick) forgets the spares it remembers. Those replicas were spare only while
+    the load was below the held fleet; past it they are in use, and the standby they stood for is asked for at
+    once, as with 'tick'. A flap under a held target (wanted 2 ↔ 3 under 3) never goes past it, so its spare
+    stays settled. Why (docs/BENCHMARKS.md, s13p): on a long rise the spare vanishes for good when the load
+    reaches the held fleet, and 'persist' delayed that standby's cold start by the wait (on the 2 → 24 req/s
+    ramp one decode instance 29 s later; one fewer ready decode at 525-531 s read the decode fleet as full,
+    which lifts the arrival calibration's cut: decode's need 10 → 18 and 8 cold starts for a target held 60-88
+    s), and on the 1200-s sinusoid the same in the pool's first, unwatched minutes."""
     mode = cfg.standby_spare_settle
     if mode == "window":
         recent, held = stages.hold_standby(
@@ -366,20 +368,15 @@ def _settled_spare(
         return {"prefill": held[0], "decode": held[1]}, evolve(state, spare_recent=recent)
     window_s = cfg.cold_start_persist_s
     kept = stages.recent_rows(state.spare_recent, now_s, window_s)
-    reset = mode in ("persist_reset", "persist_both") and past is not None
-    if reset and any(past.get(r, False) for r in ROLES):  # type: ignore[union-attr]
-        keep = tuple(not past.get(r, False) for r in ROLES)  # type: ignore[union-attr]
-        kept = tuple((row[0], row[1] if keep[0] else 0, row[2] if keep[1] else 0) for row in kept)
+    reset = mode == "persist_reset"
+    gone = tuple(reset and past is not None and past.get(r, False) for r in ROLES)
+    if any(gone):  # the role's remembered spares are in use now: 0 (a spare is never negative)
+        kept = tuple((row[0], 0 if gone[0] else row[1], 0 if gone[1] else row[2]) for row in kept)
     rows = stages.append_row(kept, (now_s, spares["prefill"], spares["decode"]))
     out = {}
     for i, role in enumerate(ROLES):
-        wait_s = window_s
-        if mode in ("persist_wait", "persist_both") and waits is not None:
-            wait_s = waits.get(role, window_s)
-        out[role] = max(
-            (int(row[1 + i]) for row in rows if now_s - row[0] < wait_s), default=spares[role]
-        )
-        out[role] = max(out[role], spares[role])
+        wait_s = min(window_s, waits.get(role, window_s)) if reset and waits is not None else window_s
+        out[role] = max([spares[role], *(int(row[1 + i]) for row in rows if now_s - row[0] < wait_s)])
     return out, evolve(state, spare_recent=rows)
 
 
