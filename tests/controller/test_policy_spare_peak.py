@@ -357,3 +357,38 @@ def test_decide_persist_reset_asks_for_the_standby_when_the_load_goes_past_the_f
     assert [a for a, _ in plans["persist_reset"][rise]] == [6] * 25  # the wait holds the active target
     assert [sb for _, sb in plans["persist_reset"][rise]] == [2] * 25
     assert [sb for _, sb in plans["persist"][rise]] == [0] * 25
+
+
+def test_decide_persist_reset_reads_the_stages_target_before_the_short_burst_cap() -> None:
+    """The ramp at 383 s (s13p): the stages ask past the fleet, but the short-burst cap (6 short bursts seen)
+    holds the wanted target at the warm fleet. 'persist_reset' reads the stages' own target, so the standby is
+    asked for at once; read after the cap the load would not have gone past the fleet ('persist': 30 s later)."""
+    from policy_fixtures import ctx, obs
+
+    from controller.policy import decide
+
+    def load(t: int) -> float:
+        if t < 20 or (t < 300 and t % 40 < 6):  # 6-s bursts every 40 s: short ones, for the cap
+            return 30.0
+        return (12.0 if t % 2 else 16.0) if t < 340 else 22.0
+
+    standby = {}
+    for settle in ("persist", "persist_reset"):
+        cfg = PolicyConfig(standby_spare_settle=settle, standby_decode=2)
+        state, out = PoolState(), []
+        for t in range(372):
+            rps = load(t)
+            o = obs(
+                now_s=float(t), arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 200.0,
+                running_seqs=rps * 10.0, replicas={"prefill": 4, "decode": 6},
+                active={"prefill": 4, "decode": 6}, standby={"prefill": 0, "decode": 0},
+            )  # fmt: skip
+            plan, state = decide(ctx(o, cfg), state)
+            assert plan is not None
+            if 340 <= t < 345:  # the load's first ticks past the fleet: capped at the warm 6
+                assert any(r.startswith("short burst") and "decode 7 → 6" in r for r in plan.reasons)
+            if t >= 340:
+                out.append(plan.standby_decode)
+        standby[settle] = out
+    assert standby["persist"][:25] == [0] * 25
+    assert standby["persist_reset"][4:] == [2] * 28
