@@ -29,7 +29,8 @@ class PolicyConfig(BaseModel):
     'off', False and True gives the seed's policy back. ``burst_reserve_level='tick'``,
     ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back;
     ``burst_peak_headroom='both'`` and ``cold_start_persist_decode=False`` give session 4's;
-    ``ramp_up_on_trend='limited'`` gives session 6's; ``cold_start_persist_s=5`` session 9's."""
+    ``ramp_up_on_trend='limited'`` gives session 6's; ``cold_start_persist_s=5`` session 9's;
+    ``standby_spare_settle='tick'`` session 12's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -111,19 +112,24 @@ class PolicyConfig(BaseModel):
             " without a cold start. False: standby on top of the held active replicas (session 2's rule)"
         ),
     )
-    standby_spare_settle: Literal["tick", "window", "persist"] = Field(
-        "tick",
+    standby_spare_settle: Literal["tick", "window", "persist", "persist_reset"] = Field(
+        "persist_reset",
         description=(
             "with standby_counts_spare, the spare active replicas (final - wanted) counted against standby:"
             " 'tick' = this tick's; 'window' = the most seen over max(scale_down_delay_s, provision_lead_s);"
             " 'persist' = the most seen over cold_start_persist_s (a standby asked for again after the spare"
-            " vanished waits as a cold active target does; docs/OPERATIONS.md 7.16). The"
+            " vanished waits as a cold active target does; docs/OPERATIONS.md 7.16); 'persist_reset' = as"
+            " 'persist' over the wait the active rule applies this tick (none while a request waits, before"
+            " one cold start of history, for decode while a ramp is projected), and a role whose stages ask"
+            " for more than its active replicas forgets the spares it remembers (the load went past the held"
+            " fleet: the standby is asked for at once; docs/OPERATIONS.md 7.16). The"
             " spare follows the per-second wanted target under a held active target, and a standby dropped for"
             " a tick and asked for again is a cold start cancelled and restarted (Mooncake, session 4: 35 decode"
             " cold starts cancelled before ready; 'window': 6). Measured with 'window': -0.2 to -5.9 % GPU-s on"
             " 15 of 16 workloads at the same SLO, but -0.11 SLO points on the 1200-s sinusoid (its first rise;"
-            " not explained): off by default"
-            " (docs/BENCHMARKS.md, 'Cost toward the oracle, session 5')"
+            " not explained; docs/BENCHMARKS.md, 'Cost toward the oracle, session 5'). 'persist_reset' is the"
+            " default since session 13 (s13p): the reference table's SLO equal on every row at -369 GPU-s,"
+            " s11u's shapes -1,175 GPU-s; 'persist' cost +722 there, by a standby delayed on long rises"
         ),
     )
     burst_reserve: Literal["off", "standby", "active"] = Field(

@@ -125,6 +125,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         reasons.append(why_ratio)
 
     wanted = {"prefill": prefill, "decode": decode}
+    asked = dict(wanted)  # the stages' targets before the short-burst cap and the cold-start wait
     seen_from = state.need_blocks[0][0] if state.need_blocks else math.nan
     hold_s, why_hold = stages.burst_hold(state.burst_runs, obs.now_s, cfg, seen_from, state.pauses)
     if why_hold:
@@ -183,7 +184,9 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     if cfg.standby_counts_spare and not on_top:
         spares = {r: max(final[r] - wanted[r], 0) for r in ROLES}
         if cfg.standby_spare_settle != "tick":
-            spares, state = _settled_spare(spares, obs.now_s, cfg, state)
+            past = {r: asked[r] > obs.replicas.get(r, 0) for r in ROLES}
+            waits = {r: cold_persist_s if r == "prefill" or decode_persists else 0.0 for r in ROLES}
+            spares, state = _settled_spare(spares, obs.now_s, cfg, state, past, waits)
         for role in ROLES:
             spare = spares[role]
             if spare > 0 and standby_target[role] > 0:
@@ -330,7 +333,12 @@ def _standby_targets(
 
 
 def _settled_spare(
-    spares: dict[str, int], now_s: float, cfg: PolicyConfig, state: PoolState
+    spares: dict[str, int],
+    now_s: float,
+    cfg: PolicyConfig,
+    state: PoolState,
+    past: Mapping[str, bool] | None = None,
+    waits: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, int], PoolState]:
     """The spare active replicas (final − wanted) per role, as the most seen over max(scale-down delay,
     provision lead) (``stages.hold_standby``'s window). The spare follows the per-second wanted target under a
@@ -338,15 +346,38 @@ def _settled_spare(
     cancelled at the next flip down; counted at its most over the window, the standby it leaves changes only
     with a change that lasted. A rise of the sized standby itself (a rising load, no spare) is not delayed.
     ``standby_spare_settle='persist'`` takes the window as ``cold_start_persist_s`` instead: the standby
-    asked for again when the spare vanishes waits as long as a cold active target does."""
-    if cfg.standby_spare_settle == "persist":
-        window_s = cfg.cold_start_persist_s
-    else:
-        window_s = max(cfg.scale_down_delay_s, cfg.provision_lead_s)
-    recent, held = stages.hold_standby(
-        state.spare_recent, now_s, (spares["prefill"], spares["decode"]), window_s
-    )
-    return {"prefill": held[0], "decode": held[1]}, evolve(state, spare_recent=recent)
+    asked for again when the spare vanishes waits as long as a cold active target does.
+
+    ``'persist_reset'``: as 'persist', with the wait the active rule applies this tick, ``waits[role]`` (0 while
+    a request waits, before one cold start of history, for decode while a ramp is projected: then this tick's
+    spare), and a role whose stages ask for more than its active replicas (``past[role]``: the load has gone
+    past the fleet held before this tick) forgets the spares it remembers. Those replicas were spare only while
+    the load was below the held fleet; past it they are in use, and the standby they stood for is asked for at
+    once, as with 'tick'. A flap under a held target (wanted 2 ↔ 3 under 3) never goes past it, so its spare
+    stays settled. Why (docs/BENCHMARKS.md, s13p): on a long rise the spare vanishes for good when the load
+    reaches the held fleet, and 'persist' delayed that standby's cold start by the wait (on the 2 → 24 req/s
+    ramp one decode instance 29 s later; one fewer ready decode at 525-531 s read the decode fleet as full,
+    which lifts the arrival calibration's cut: decode's need 10 → 18 and 8 cold starts for a target held 60-88
+    s), and on the 1200-s sinusoid the same in the pool's first, unwatched minutes."""
+    mode = cfg.standby_spare_settle
+    if mode == "window":
+        recent, held = stages.hold_standby(
+            state.spare_recent, now_s, (spares["prefill"], spares["decode"]),
+            max(cfg.scale_down_delay_s, cfg.provision_lead_s),
+        )  # fmt: skip
+        return {"prefill": held[0], "decode": held[1]}, evolve(state, spare_recent=recent)
+    window_s = cfg.cold_start_persist_s
+    kept = stages.recent_rows(state.spare_recent, now_s, window_s)
+    reset = mode == "persist_reset"
+    gone = tuple(reset and past is not None and past.get(r, False) for r in ROLES)
+    if any(gone):  # the role's remembered spares are in use now: 0 (a spare is never negative)
+        kept = tuple((row[0], 0 if gone[0] else row[1], 0 if gone[1] else row[2]) for row in kept)
+    rows = stages.append_row(kept, (now_s, spares["prefill"], spares["decode"]))
+    out = {}
+    for i, role in enumerate(ROLES):
+        wait_s = min(window_s, waits.get(role, window_s)) if reset and waits is not None else window_s
+        out[role] = max([spares[role], *(int(row[1 + i]) for row in rows if now_s - row[0] < wait_s)])
+    return out, evolve(state, spare_recent=rows)
 
 
 def _standby_persisted(

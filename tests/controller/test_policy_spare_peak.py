@@ -254,3 +254,141 @@ def test_churn_probe_tallies_gpu_seconds_by_state_and_counts_cancelled_cold_star
     assert probe.by_state[("prefill", "active idle")] == pytest.approx(2 * 4.0)
     assert probe.by_state[("decode", "provisioning")] == pytest.approx(2 * 3.0)
     assert probe.cancelled() == {"decode": 1}
+
+
+def _settle_run(
+    plan: list[tuple[int, bool]], settle: Literal["persist", "persist_reset"], wait_s: float = 30.0
+) -> list[int]:
+    """``_settled_spare`` tick by tick on a decode spare and whether the stages asked past the fleet that tick,
+    with the active rule waiting ``wait_s`` for decode (prefill: a spare of 1 throughout, never past)."""
+    cfg = PolicyConfig(standby_spare_settle=settle)
+    state, seen = PoolState(), []
+    for t, (spare, past) in enumerate(plan):
+        held, state = _settled_spare(
+            {"prefill": 1 if t == 0 else 0, "decode": spare},
+            float(t),
+            cfg,
+            state,
+            {"prefill": False, "decode": past},
+            {"prefill": 30.0, "decode": wait_s},
+        )
+        seen.append(held["decode"])
+        assert held["prefill"] == (1 if t < 30 else 0)  # decode going past leaves prefill's memory alone
+    return seen
+
+
+def test_persist_reset_forgets_the_spare_once_the_load_goes_past_the_fleet() -> None:
+    """s13p: a spare of 1 for 5 ticks, then 0 with the stages asking past the held fleet at t = 5 (the ramp at
+    383 s: wanted 10 over 7 replicas, cut to 7 by the cold-start wait). 'persist' still counts the spare for
+    30 s (the standby it leaves waits); 'persist_reset' counts it no longer from that tick on."""
+    plan = [(1, False)] * 5 + [(0, True)] + [(0, False)] * 40
+    assert _settle_run(plan, "persist") == [1] * 34 + [0] * 12  # the last spare (t = 4) counts until t = 33
+    assert _settle_run(plan, "persist_reset") == [1] * 5 + [0] * 41
+
+
+def test_persist_reset_keeps_the_flap_settled_while_nothing_goes_past() -> None:
+    """The flap (spare 1, 0, 1, 0 under a held target, never past it) counts as 1 throughout, as 'persist';
+    a spare seen after a tick that went past is remembered again."""
+    flap = [(t % 2, False) for t in range(40)]
+    assert _settle_run(flap, "persist_reset") == _settle_run(flap, "persist") == [0] + [1] * 39
+    after = [(1, False), (0, True), (1, False)] + [(0, False)] * 35
+    assert _settle_run(after, "persist_reset") == [1, 0] + [1] * 30 + [0] * 6
+
+
+def test_persist_reset_settles_only_while_the_active_rule_waits() -> None:
+    """No wait for the role this tick (a request waiting, a pool not yet watched, decode on a projected ramp):
+    this tick's spare, as 'tick'; 'persist' waits anyway."""
+    flap = [(t % 2, False) for t in range(40)]
+    assert _settle_run(flap, "persist_reset", wait_s=0.0) == [t % 2 for t in range(40)]
+    assert _settle_run(flap, "persist", wait_s=0.0) == [0] + [1] * 39
+
+
+@given(
+    plan=st.lists(st.tuples(st.integers(0, 4), st.booleans()), min_size=1, max_size=60),
+    wait_s=st.sampled_from([0.0, 10.0, 30.0]),
+)
+@settings(max_examples=150, deadline=None)
+def test_persist_reset_is_between_this_ticks_and_persists(
+    plan: list[tuple[int, bool]], wait_s: float
+) -> None:
+    """Never below this tick's spare, never above what 'persist' counts; equal to 'persist' while nothing went
+    past and the role waits the full cold-start wait."""
+    reset, persist = _settle_run(plan, "persist_reset", wait_s), _settle_run(plan, "persist", wait_s)
+    for t, (spare, _) in enumerate(plan):
+        assert spare <= reset[t] <= persist[t]
+    if wait_s == 30.0 and not any(past for _, past in plan):
+        assert reset == persist
+
+
+def _rise_plans(settle: str) -> list[tuple[int, int]]:
+    """``decide`` (burst reserve on, so the pool is watched after one cold start) on the flap of
+    ``decode_flap_plans``, no warm standby, then from t = 160 a load whose decode target (7) is past the 6
+    replicas and cut to them by the cold-start wait: (active, standby) decode per tick."""
+    from policy_fixtures import ctx, obs
+
+    from controller.policy import decide
+
+    cfg = PolicyConfig(standby_spare_settle=settle, standby_decode=2)
+    state, out = PoolState(), []
+    for t in range(200):
+        rps = 30.0 if t < 20 else ((12.0 if t % 2 else 16.0) if t < 160 else 22.0)
+        o = obs(
+            now_s=float(t), arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 200.0,
+            running_seqs=rps * 10.0, replicas={"prefill": 4, "decode": 6}, active={"prefill": 4, "decode": 6},
+            standby={"prefill": 0, "decode": 0},
+        )  # fmt: skip
+        plan, state = decide(ctx(o, cfg), state)
+        assert plan is not None
+        out.append((plan.decode, plan.standby_decode))
+    return out
+
+
+def test_decide_persist_reset_asks_for_the_standby_when_the_load_goes_past_the_fleet() -> None:
+    """Through ``decide``: during the flap (watched: 130-159 s) 'persist_reset' plans the standby 'persist'
+    plans (0: the settled spare of 2 absorbs it; 'tick' flips it); once the load goes past the fleet (t = 160,
+    the active target held at 6 by the cold-start wait) it plans the sized standby at once, where 'persist'
+    waits out the remembered spare's 30 s."""
+    plans = {s: _rise_plans(s) for s in ("tick", "persist", "persist_reset")}
+    flap = slice(130, 160)
+    assert plans["persist_reset"][flap] == plans["persist"][flap]
+    assert {sb for _, sb in plans["persist"][flap]} == {0}
+    assert len({sb for _, sb in plans["tick"][flap]}) > 1
+    rise = slice(160, 185)
+    assert [a for a, _ in plans["persist_reset"][rise]] == [6] * 25  # the wait holds the active target
+    assert [sb for _, sb in plans["persist_reset"][rise]] == [2] * 25
+    assert [sb for _, sb in plans["persist"][rise]] == [0] * 25
+
+
+def test_decide_persist_reset_reads_the_stages_target_before_the_short_burst_cap() -> None:
+    """The ramp at 383 s (s13p): the stages ask past the fleet, but the short-burst cap (6 short bursts seen)
+    holds the wanted target at the warm fleet. 'persist_reset' reads the stages' own target, so the standby is
+    asked for at once; read after the cap the load would not have gone past the fleet ('persist': 30 s later)."""
+    from policy_fixtures import ctx, obs
+
+    from controller.policy import decide
+
+    def load(t: int) -> float:
+        if t < 20 or (t < 300 and t % 40 < 6):  # 6-s bursts every 40 s: short ones, for the cap
+            return 30.0
+        return (12.0 if t % 2 else 16.0) if t < 340 else 22.0
+
+    standby = {}
+    for settle in ("persist", "persist_reset"):
+        cfg = PolicyConfig(standby_spare_settle=settle, standby_decode=2)
+        state, out = PoolState(), []
+        for t in range(372):
+            rps = load(t)
+            o = obs(
+                now_s=float(t), arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 200.0,
+                running_seqs=rps * 10.0, replicas={"prefill": 4, "decode": 6},
+                active={"prefill": 4, "decode": 6}, standby={"prefill": 0, "decode": 0},
+            )  # fmt: skip
+            plan, state = decide(ctx(o, cfg), state)
+            assert plan is not None
+            if 340 <= t < 345:  # the load's first ticks past the fleet: capped at the warm 6
+                assert any(r.startswith("short burst") and "decode 7 → 6" in r for r in plan.reasons)
+            if t >= 340:
+                out.append(plan.standby_decode)
+        standby[settle] = out
+    assert standby["persist"][:25] == [0] * 25
+    assert standby["persist_reset"][4:] == [2] * 28

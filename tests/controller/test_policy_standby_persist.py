@@ -80,6 +80,7 @@ def test_decide_stops_the_flap_of_a_promoted_standby() -> None:
     for on in (False, True):
         cfg = PolicyConfig(
             standby_start_persist=on,  # the burst reserve on: its need blocks are what "watched" reads
+            standby_spare_settle="tick",  # the flap as session 12 had it ('persist_reset' settles it already)
             burst_hold="off",
             short_burst_cap=False,
             standby_decode=2,
