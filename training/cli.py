@@ -19,6 +19,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from training.fit import FrameSource, TraceSource
+    from training.replay_frames import ReplaySource
 
 app = typer.Typer(
     name="train-forecaster",
@@ -138,14 +139,14 @@ def _load_sources(
     return sources, frames
 
 
-def _check_replay_options(replay: list[Path] | None, policy: str, speed: float, profile: str) -> None:
-    """``--replay`` files exist and the replay options are valid (before anything is read or replayed)."""
+def _check_replay_options(
+    replay: list[str] | None, fmt: str | None, policy: str, speed: float, profile: str
+) -> list[ReplaySource]:
+    """The replay options are valid and each ``--replay`` names a trace file or a workload (before anything is
+    replayed); the sources it names (``training.replay_frames.replay_source``)."""
     from serving.sim.hardware import get_profile
-    from training.replay_frames import REPLAY_POLICIES
+    from training.replay_frames import REPLAY_POLICIES, replay_source
 
-    for path in replay or []:
-        if not path.is_file():
-            raise typer.BadParameter(f"--replay {path}: no such file")
     if policy not in REPLAY_POLICIES:
         raise typer.BadParameter(f"--replay-policy {policy!r}: known are {', '.join(REPLAY_POLICIES)}")
     if not (math.isfinite(speed) and speed > 0):
@@ -154,33 +155,40 @@ def _check_replay_options(replay: list[Path] | None, policy: str, speed: float, 
         get_profile(profile)
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(f"--replay-profile {profile!r}: {exc}") from exc
+    out = []
+    for spec in replay or []:
+        try:
+            out.append(replay_source(spec, fmt))
+        except ValueError as e:
+            raise typer.BadParameter(f"--replay {e}") from e
+        row = out[-1].info["scored_row"]
+        if row is not None:
+            console.print(
+                f"[yellow]note[/] --replay {spec} has the requests of the reference row {row!r}: a model trained "
+                "on it is no longer scored on unseen traffic there"
+            )
+    return out
 
 
 def _replay_sources(
-    replay: list[Path] | None,
-    fmt: str | None,
-    policy: str,
-    speed: float,
-    profile: str,
-    *,
-    quiet: bool = False,
+    replay: list[ReplaySource], policy: str, speed: float, profile: str, *, quiet: bool = False
 ) -> list[FrameSource]:
-    """Replay each ``--replay`` trace through the simulator (``training.replay_frames.replay_frame``) with a
-    progress bar; each becomes a frame source of kind "replay" whose summary names the trace (sha256), the
-    policy, the profile and the speed."""
+    """Replay each ``--replay`` source through the simulator (``training.replay_frames.replay_frame``) with a
+    progress bar; each becomes a frame source of kind "replay" whose summary names what was replayed (the trace
+    file and its sha256, or the workload; the requests' sha256; the reference row it is, if any), the policy,
+    the profile, the SLOs and the speed."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from serving.workload.readers import read_trace
-    from training.data import sha256_file
     from training.fit import FrameSource
     from training.replay_frames import replay_frame
 
     out: list[FrameSource] = []
-    for path in replay or []:
-        tr = read_trace(path, fmt)
+    for src in replay:
+        tr = src.trace
         bar = Progress(
-            TextColumn(f"replay {path.name}"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
-            TimeElapsedColumn(), console=console, disable=quiet, transient=False,
+            TextColumn(f"replay {Path(src.spec).name}"), BarColumn(),
+            TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"), TimeElapsedColumn(), console=console,
+            disable=quiet, transient=False,
         )  # fmt: skip
         with bar:
             task = bar.add_task("replay", total=tr.duration_s / speed)
@@ -189,13 +197,16 @@ def _replay_sources(
                 bar.update(task, completed=min(now_s, end_s), total=end_s)
 
             try:
-                got = replay_frame(tr, policy=policy, profile=profile, speed=speed, progress=tick)
+                got = replay_frame(
+                    tr, policy=policy, profile=profile, speed=speed, slo_ttft_ms=src.slo_ttft_ms,
+                    slo_itl_ms=src.slo_itl_ms, progress=tick,
+                )  # fmt: skip
             except ValueError as e:  # an empty or zero-span trace (the options were checked before)
-                raise typer.BadParameter(f"--replay {path}: {e}") from e
-        info = {"trace": str(path), "trace_sha256": sha256_file(path), "trace_format": tr.format, **got.info}
-        out.append(FrameSource(name=f"replay:{path}", frame=got.frame, kind="replay", info=info))
+                raise typer.BadParameter(f"--replay {src.spec}: {e}") from e
+        info = {**src.info, **got.info}
+        out.append(FrameSource(name=f"replay:{src.spec}", frame=got.frame, kind="replay", info=info))
         console.print(
-            f"[green]replayed[/] {path} under {policy} ({profile}, speed {speed:g}): "
+            f"[green]replayed[/] {src.spec} under {policy} ({profile}, speed {speed:g}): "
             f"{len(got.frame.times_s):,} ticks, SLO {got.info['replay_slo_attainment']:.2%}"
         )
     return out
@@ -217,22 +228,28 @@ def fit_cmd(
         typer.Option("--prometheus", help="Prometheus URL to read per-node vLLM metric history from."),
     ] = None,
     replay: Annotated[
-        list[Path] | None,
+        list[str] | None,
         typer.Option(
             "--replay",
-            help="Request trace file (repeatable) to replay through the simulator: trains on the per-pool inputs "
-            "the loop's forecaster receives each tick (tokens counted as generated; running, waiting, KV, TTFT/ITL "
-            "filled in), not on the trace's arrivals. Combinable with --trace and --prometheus.",
+            help="What to replay through the simulator (repeatable): a request trace file (or file:PATH), or a "
+            "workload of bench_policies.py --workloads (code, conv, sine, mmpp, ramp, mmpp-diurnal, mmpp-holdout, "
+            "mooncake; NAME@SEED for another seed of a generated one, e.g. mmpp@101) on that workload's SLOs. "
+            "Trains on the per-pool inputs the loop's forecaster receives each tick (tokens counted as "
+            "generated; running, waiting, KV, TTFT/ITL filled in), not on the trace's arrivals. Combinable with "
+            "--trace and --prometheus. A reference row's workload (mmpp, code, ...) is then no longer unseen: "
+            "the summary records it (scored_row).",
         ),
     ] = None,
     replay_policy: Annotated[
         str,
         typer.Option(
             "--replay-policy",
-            help="Policy driving the replay: 'predictive' (the shipped checkpoint, what the controller loads by "
-            "default) or 'predictive-holt' (the Holt baseline: inputs independent of any checkpoint).",
+            help="Policy driving the replay: 'reactive' (default) or 'dynamo-like' (no forecaster: the inputs "
+            "do not depend on any checkpoint; recorded as the predictive pipeline would give them to one), "
+            "'predictive' (the shipped checkpoint, what the controller loads by default) or 'predictive-holt' "
+            "(the Holt baseline).",
         ),
-    ] = "predictive",
+    ] = "reactive",
     replay_speed: Annotated[
         float, typer.Option("--replay-speed", help="Replay the --replay traces this many times faster (> 0).")
     ] = 1.0,
@@ -407,8 +424,12 @@ def fit_cmd(
       train-forecaster fit --replay datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv
         --trace datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv --out runs/replay
 
-    --replay replays a trace through the simulator (the engine of `pdscale replay`) under --replay-policy and
-    trains on what the loop's forecaster received each tick, per pool (docs/FORECASTER.md, "Training on replayed
+      train-forecaster fit --trace datasets/azure2023/AzureLLMInferenceTrace_code.dev_before_1850.csv
+        --replay mmpp@101 --replay sine@101 --replay-policy reactive --out runs/replay-gen
+
+    --replay replays a trace or a named workload through the simulator (the engine of `pdscale replay`) under
+    --replay-policy and trains on what the loop's forecaster received (or, under a baseline policy, would have
+    received) each tick, per pool (docs/FORECASTER.md, "Training on replayed
     traces").
     """
     import dataclasses
@@ -423,10 +444,10 @@ def fit_cmd(
 
     if not trace and not replay and prometheus is None and synthetic == 0:
         raise typer.BadParameter(
-            "give at least one --trace FILE, --replay FILE, --prometheus URL, or --synthetic N > 0"
+            "give at least one --trace FILE, --replay FILE|WORKLOAD, --prometheus URL, or --synthetic N > 0"
         )
     # option checks before any source is read (a Prometheus range can take minutes)
-    _check_replay_options(replay, replay_policy, replay_speed, replay_profile)
+    replays = _check_replay_options(replay, fmt, replay_policy, replay_speed, replay_profile)
     rates = _float_list(rate_range, "--rate-range")
     if len(rates) != 2 or not 0 < rates[0] <= rates[1]:
         raise typer.BadParameter(f"--rate-range {rate_range!r}: give LOW,HIGH with 0 < LOW <= HIGH")
@@ -457,7 +478,7 @@ def fit_cmd(
         trace, fmt, prometheus, range_=range_, step=step, end=end, node_label=node_label,
         query_timeout_s=query_timeout_s, role_label=role_label,
     )  # fmt: skip
-    frames += _replay_sources(replay, fmt, replay_policy, replay_speed, replay_profile, quiet=quiet)
+    frames += _replay_sources(replays, replay_policy, replay_speed, replay_profile, quiet=quiet)
     labels = LabelConfig(
         horizon_s=horizon_s,
         lead_s=burst_lead_s,

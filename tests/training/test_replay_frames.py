@@ -13,19 +13,27 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from controller.config import PolicyConfig
-from controller.replay_policies import PredictivePolicy
+from controller.replay_policies import PredictivePolicy, _epoch_offset
 from forecaster.baselines import Holt
 from forecaster.checkpoint import load_checkpoint
 from forecaster.features import frame_to_inputs
 from forecaster.types import CHANNELS, ForecastBatch, Forecaster
 from serving.sim.fleet import single_pool
-from serving.sim.replay import replay
+from serving.sim.replay import PolicyOptions, make_policy, replay
+from serving.workload.named import workload
 from serving.workload.synthetic import SyntheticParams, generate
 from serving.workload.writers import write_trace
 from training.cli import app
 from training.data import sha256_file
 from training.fit import FrameSource, LabelConfig, build_series
-from training.replay_frames import FrameRecorder, replay_frame
+from training.replay_frames import (
+    REPLAY_POLICIES,
+    FrameRecorder,
+    RecordingPolicy,
+    replay_frame,
+    replay_source,
+    trace_digest,
+)
 
 # Wide enough that rich's error panel never wraps a path (under xdist tmp_path is longer: .../popen-gw0/...)
 runner = CliRunner(env={"COLUMNS": "400"})
@@ -121,6 +129,81 @@ def test_recorder_frame_puts_each_step_on_its_grid_point(gaps: list[int], t0: fl
     assert np.isnan(f.values[:, :, others]).all()  # a tick never stepped is unknown, not zero
 
 
+def test_recording_policy_records_what_the_pipeline_gives_its_forecaster(replayed) -> None:  # type: ignore[no-untyped-def]
+    """The baseline policies' recorder (its own LoadAggregator, outside the pipeline) against the spy inside a
+    predictive policy's pipeline, on the same replay: the same numbers, channel by channel, tick by tick."""
+    _, seen_holt = replayed
+    spies: list[_Spy] = []
+
+    def make() -> Forecaster:
+        spies.append(_Spy(Holt()))
+        return spies[-1]
+
+    rec = RecordingPolicy(PredictivePolicy(PolicyConfig(), forecaster=make))
+    fleet = single_pool()
+    replay(fleet, {fleet.pools[0].name: _trace()}, rec)
+    seen = spies[-1].seen
+    assert len(seen) == len(seen_holt) == len(rec.frame().times_s) > 200
+    np.testing.assert_allclose(rec.frame().times_s, [t for t, _, _ in seen])
+    for c, ch in enumerate(CHANNELS):
+        want = np.array([np.where(m[0, c], v[0, c], np.nan) for _, v, m in seen])
+        np.testing.assert_array_equal(rec.frame().values[0, c], want, err_msg=ch)
+
+
+def test_a_reactive_replay_records_without_changing_its_decisions() -> None:
+    trace = _trace()
+    got = replay_frame(trace, policy="reactive")
+    plain = replay(single_pool(), {"default": trace}, make_policy("reactive", PolicyOptions()))
+    assert got.info["replay_slo_attainment"] == plain.slo_attainment
+    assert got.info["replay_gpu_seconds"] == plain.gpu_seconds
+    assert got.info["forecaster"] is None and got.info["checkpoint"] is None
+    # every request that arrived after the first scrape is counted once by the arrival channel
+    arrivals = got.frame.series("arrival_rps")[0]
+    t0 = got.frame.times_s[0] - _epoch_offset(trace)
+    before = int(np.sum(trace.arrival_s - trace.arrival_s[0] <= t0))
+    assert len(trace) - before <= np.nansum(arrivals) <= len(trace)
+    for ch in ("running", "kv_usage", "gen_tps", "ttft_p90_s"):
+        assert np.isfinite(got.frame.series(ch)).mean() > 0.5, ch
+    # the fleet-state channels follow the policy that drove the fleet: reactive is not predictive-holt
+    holt = replay_frame(trace, policy="predictive-holt")
+    assert not np.array_equal(got.frame.series("running"), holt.frame.series("running"), equal_nan=True)
+
+
+def test_replay_source_builds_a_named_workload_as_bench_policies_does() -> None:
+    src = replay_source("sine@101")
+    trace, fleet = workload("sine@101", None, 600.0)
+    assert trace_digest(src.trace) == trace_digest(trace) and len(src.trace) == len(trace)
+    assert (
+        (src.slo_ttft_ms, src.slo_itl_ms)
+        == (fleet.pools[0].slo_ttft_ms, fleet.pools[0].slo_itl_ms)
+        == (
+            3000.0,
+            35.0,
+        )
+    )
+    assert src.info["workload"] == "sine@101" and src.info["scored_row"] is None
+    # a reference row is named by its requests, whatever it is called
+    assert replay_source("mmpp@5").info["scored_row"] == "mmpp"
+    assert replay_source("mmpp@3").info["scored_row"] == "mmpp@3"
+    assert replay_source("mmpp@6").info["scored_row"] is None
+
+
+def test_replay_source_of_a_file_and_of_file_prefix_agree(tmp_path: Path) -> None:
+    csv = write_trace(_trace(120), tmp_path / "t.csv", "azure")
+    a, b = replay_source(str(csv)), replay_source(f"file:{csv}")
+    assert a.info == b.info and a.info["trace_sha256"] == sha256_file(csv)
+    assert (a.slo_ttft_ms, a.slo_itl_ms) == (1000.0, 50.0) and a.info["scored_row"] is None
+    with pytest.raises(ValueError, match="no such file"):
+        replay_source(f"file:{tmp_path / 'gone.csv'}")
+
+
+@pytest.mark.parametrize("policy", REPLAY_POLICIES)
+def test_every_replay_policy_records_a_frame(policy: str) -> None:
+    got = replay_frame(_trace(90, seed=4), policy=policy)
+    assert got.info["policy"] == policy and len(got.frame.times_s) >= 90
+    assert np.isfinite(got.frame.series("arrival_rps")).mean() > 0.9
+
+
 def test_replay_frame_rejects_bad_options() -> None:
     with pytest.raises(ValueError, match="nope"):
         replay_frame(_trace(60), policy="nope")
@@ -167,6 +250,37 @@ def test_fit_replay_option_errors_name_the_option(tmp_path: Path, extra: list[st
     result = runner.invoke(app, _tiny_fit(tmp_path, "--replay", str(csv), *extra))
     assert result.exit_code != 0
     assert named in result.output
+
+
+def test_fit_replay_of_generated_workloads_records_them(tmp_path: Path) -> None:
+    ck = tmp_path / "c.safetensors"
+    args = _tiny_fit(
+        tmp_path,
+        "--replay",
+        "mmpp@7",
+        "--replay",
+        "mmpp@5",
+        "--replay-speed",
+        "4",
+        "--checkpoint-out",
+        str(ck),
+    )
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "reference row 'mmpp'" in result.output  # mmpp@5 is the scored mmpp row
+    fresh, scored = load_checkpoint(ck).meta["sources"]
+    assert fresh["kind"] == scored["kind"] == "replay" and fresh["policy"] == "reactive"
+    assert fresh["workload"] == "mmpp@7" and fresh["scored_row"] is None
+    assert scored["workload"] == "mmpp@5" and scored["scored_row"] == "mmpp"
+    assert fresh["requests_sha256"] == trace_digest(workload("mmpp@7", None, 600.0)[0])
+    assert fresh["slo_ttft_ms"] == 1000.0 and fresh["steps"] >= 1200 / 4
+
+
+def test_fit_replay_of_an_unknown_workload_names_the_option_and_the_known_ones(tmp_path: Path) -> None:
+    result = runner.invoke(app, _tiny_fit(tmp_path, "--replay", "mmpq"))
+    assert result.exit_code != 0
+    out = " ".join(result.output.split())
+    assert "--replay mmpq" in out and "not a workload name" in out and "mmpp-holdout" in out
 
 
 def test_fit_replay_missing_file_names_it(tmp_path: Path) -> None:
