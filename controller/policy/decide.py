@@ -129,6 +129,9 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     hold_s, why_hold = stages.burst_hold(state.burst_runs, obs.now_s, cfg, seen_from, state.pauses)
     if why_hold:
         reasons.append(why_hold)
+    hold_s, why_young = _young_hold(hold_s, obs.now_s, state.first_known_s, cfg.young_hold_s)
+    if why_young:
+        reasons.append(why_young)
     short, why_short = stages.short_burst(
         state.burst_runs, state.need_blocks, obs.now_s, cfg, state.block_median
     )
@@ -210,6 +213,22 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         reasons=tuple(reasons),
     )
     return plan, state
+
+
+def _young_hold(hold_s: float, now_s: float, first_known_s: float, young_s: float) -> tuple[float, str | None]:
+    """``cfg.young_hold_s``: for the first ``young_s`` of the pool's known load, the scale-down window (``hold_s``,
+    the burst hold's, passed to ``stages.hysteresis_stage``) reaches back to the first known tick, so nothing
+    the pool asked for since is released. Before one cold start of history nothing waits for a target to last
+    (``cold_start_persist_s``), and a window of ``scale_down_delay_s`` cancelled what the first ticks started
+    before it was warm. (hold_s, None) outside the window, when it is off and while no load was known (NaN)."""
+    known_s = now_s - first_known_s
+    if not (young_s > 0 and 0.0 <= known_s < young_s):  # NaN: False
+        return hold_s, None
+    why = (
+        f"young pool: load known for {known_s:.0f} s < {young_s:.0f} s: no scale-down below the most wanted"
+        f" since t={first_known_s:.0f} s"
+    )
+    return max(hold_s, known_s + stages.NEED_BLOCK_S), why
 
 
 def _realised_rise(packed: PackedRates, now_s: float, cfg: PolicyConfig) -> rise_lead.RealisedRise | None:

@@ -970,7 +970,9 @@ def hysteresis_stage(
     ``ramp_up_on_trend`` is 'lifted'); the scale-down side is unchanged.
     """
     window_s = max(cfg.scale_down_delay_s, hold_s)
-    keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
+    keep_s = max(
+        cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0, cfg.young_hold_s
+    )
     start = _recent_from(history.recent_targets, now_s, keep_s, closed=False)
     if start is None:  # not in time order: filtered one by one, as recent_rows does
         kept = recent_rows(history.recent_targets, now_s, keep_s)
