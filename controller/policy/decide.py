@@ -215,7 +215,9 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     return plan, state
 
 
-def _young_hold(hold_s: float, now_s: float, first_known_s: float, young_s: float) -> tuple[float, str | None]:
+def _young_hold(
+    hold_s: float, now_s: float, first_known_s: float, young_s: float
+) -> tuple[float, str | None]:
     """``cfg.young_hold_s``: for the first ``young_s`` of the pool's known load, the scale-down window (``hold_s``,
     the burst hold's, passed to ``stages.hysteresis_stage``) reaches back to the first known tick, so nothing
     the pool asked for since is released. Before one cold start of history nothing waits for a target to last
