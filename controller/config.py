@@ -565,11 +565,12 @@ class PolicyConfig(BaseModel):
             "for the first young_hold_s of a pool's known load, no scale-down below the most either role wanted"
             " since its load was first known (the scale-down window reaches back to the first known tick). Before"
             " one cold start of history the cold-start wait does not apply (a spike is not known to be one), so the"
-            " first ticks start capacity, and the 60-s window then cancelled it before it was warm: on s11u's burst"
-            " train and Azure code x 0.3 the first tick's 2 and 3 prefill were dropped at 134 and 94-109 s, before"
-            " they would serve at 121 s, and the first burst (175-240 s) met 1 (docs/BENCHMARKS.md, 'Why predictive"
+            " first ticks start capacity, and the 60-s window released it as it came up: on s11u's Azure code x 0.3"
+            " the first tick's 3 prefill were cancelled at 94-109 s (warm at 121 s), on its burst train the first"
+            " tick's 2 released at 134 s, and the first burst (175-240 s) met 1 (docs/BENCHMARKS.md, 'Why predictive"
             " loses three of s11u's shapes', s13b). 2 x provision_lead_s (240 s) keeps what the first tick started"
-            " until it has served one cold start. 0 (default) = the scale-down window alone"
+            " until it has served one cold start. Opt-in: +0.2 % GPU-s on the reference table, no SLO gained there."
+            " 0 (default) = the scale-down window alone"
         ),
     )
     scale_down_quantile: float = Field(
