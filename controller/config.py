@@ -563,6 +563,42 @@ class PolicyConfig(BaseModel):
     scale_down_delay_s: float = Field(
         60.0, ge=0.0, le=86400.0, description="no scale-down until the target has been lower for this long"
     )
+    young_hold_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=3600.0,
+        description=(
+            "for the first young_hold_s of a pool's known load, no scale-down below what it asked for while young"
+            " (young_hold_scope says which targets, young_hold_roles which roles). Before one cold start of history"
+            " the cold-start wait does not apply (a spike is not known to be one), so the first ticks start"
+            " capacity, and the 60-s window released it as it came up: on s11u's Azure code x 0.3 the first tick's"
+            " 3 prefill were cancelled at 94-109 s (warm at 121 s), on its burst train the first tick's 2 released"
+            " at 134 s, and the first burst (175-240 s) met 1 (docs/BENCHMARKS.md, 'Why predictive loses three of"
+            " s11u's shapes', s13b). 2 x provision_lead_s (240 s) keeps what the first tick started until it has"
+            " served one cold start. Opt-in: with the default scope and roles (the first need block's prefill"
+            " target) +64 GPU-s (+0.01 %) on the reference table (Mooncake, no SLO gained) and +0.28 % on the"
+            " eleven shapes, the burst train 93.52 -> 99.80 % and code x 0.3 93.95 -> 99.95 % (s13b2); scope"
+            " 'all', both roles +0.22 % and +2.4 % (s13b). 0 (default) = the scale-down window alone"
+        ),
+    )
+    young_hold_scope: Literal["all", "unwatched", "first"] = Field(
+        "first",
+        description=(
+            "what young_hold_s keeps: 'first' = the most wanted in the pool's first need block (5 s) of known"
+            " load, its first sizing, made from one block of measurements and the forecaster's first look, as a"
+            " floor; 'unwatched' = the most wanted before the pool was watched for one cold start (first need block"
+            " + provision_lead_s), the targets the cold-start wait (cold_start_persist_s) did not filter, as a"
+            " floor (+126 GPU-s on conv: its 3 prefill asked at 47 s); 'all' = every target wanted since the first"
+            " known tick (the scale-down window reaches back to it). Later targets get the usual window"
+        ),
+    )
+    young_hold_roles: Literal["both", "prefill"] = Field(
+        "prefill",
+        description=(
+            "the roles young_hold_s applies to: 'prefill' alone (only prefill missed on the two shapes it fixes;"
+            " decode keeps the usual window) or 'both'"
+        ),
+    )
     scale_down_quantile: float = Field(
         1.0,
         gt=0.0,

@@ -140,6 +140,8 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             if wanted[role] > warm:
                 reasons.append(f"{why_short}: {role} {wanted[role]} → {warm}")
                 wanted[role] = warm
+    young = _young_hold(hold_s, obs.now_s, state, seen_from, wanted, cfg)
+    reasons.extend(young.reasons)
     # Prefill, no request waiting, a pool watched for a cold start: a target above the warm fleet may be a
     # one-tick spike (one long prompt), and cold capacity follows only a target that lasted. A queue (or an
     # unknown one) is load already here, and before one cold start of history a spike is not known to be one.
@@ -164,9 +166,10 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             state.roles.get(role, RoleHistory()),
             can_scale_down=obs.complete,
             fast_up=obs.standby.get(role, 0),
-            hold_s=hold_s,
+            hold_s=young.hold_s.get(role, hold_s),
             cold_persist_s=cold_persist_s if role == "prefill" or decode_persists else 0.0,
             rate_limited=rate_limited,
+            floor=young.floor.get(role, 0),
         )
         if why_h:
             reasons.append(why_h)
@@ -213,6 +216,73 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         reasons=tuple(reasons),
     )
     return plan, state
+
+
+@dataclass(frozen=True)
+class _YoungHold:
+    """What ``cfg.young_hold_s`` changes this tick: per role, a longer scale-down window (``hold_s``) or a floor
+    no scale-down goes below (``floor``); roles absent keep the usual window."""
+
+    hold_s: Mapping[str, float]
+    floor: Mapping[str, int]
+    reasons: tuple[str, ...]
+
+
+_NO_YOUNG_HOLD = _YoungHold({}, {}, ())
+
+
+def _young_hold(
+    hold_s: float,
+    now_s: float,
+    state: PoolState,
+    seen_from: float,
+    wanted: Mapping[str, int],
+    cfg: PolicyConfig,
+) -> _YoungHold:
+    """``cfg.young_hold_s``: for the first ``young_hold_s`` of the pool's known load (from
+    ``state.first_known_s``), a scale-down keeps capacity the pool asked for while young. Before one cold start
+    of history nothing waits for a target to last (``cold_start_persist_s``), and a window of
+    ``scale_down_delay_s`` cancelled what the first ticks started before it was warm.
+
+    ``young_hold_scope='all'``: the scale-down window (``hold_s``, the burst hold's) reaches back to the first
+    known tick, so nothing the pool asked for since is released. ``'unwatched'``: only the targets wanted before
+    the pool was watched for one cold start (``seen_from + provision_lead_s``; all of them while no need block
+    is seen) are kept, as a floor (the most of them); later targets get the usual window. ``'first'``: only
+    those of its first ``NEED_BLOCK_S`` of known load (the pool's first sizing, from one block of measurements and
+    the forecaster's first look), as a floor. ``young_hold_roles``:
+    both roles or prefill alone. No change outside the window, when it is off and while no load was known (NaN)."""
+    known_s = now_s - state.first_known_s
+    young_s = cfg.young_hold_s
+    if not (young_s > 0 and 0.0 <= known_s < young_s):  # NaN: False
+        return _NO_YOUNG_HOLD
+    roles = ROLES if cfg.young_hold_roles == "both" else ("prefill",)
+    since = f"since t={state.first_known_s:.0f} s"
+    if cfg.young_hold_scope == "all":
+        why = f"young pool: load known for {known_s:.0f} s < {young_s:.0f} s: no scale-down below the most wanted"
+        window = max(hold_s, known_s + stages.NEED_BLOCK_S)
+        return _YoungHold({r: window for r in roles}, {}, (f"{why} {since} ({', '.join(roles)})",))
+    if cfg.young_hold_scope == "first":  # the pool's first sizing: one need block of measurements
+        watched_from = state.first_known_s + stages.NEED_BLOCK_S
+        what = "in its first need block"
+    else:
+        watched_from = seen_from + cfg.provision_lead_s if math.isfinite(seen_from) else math.inf
+        what = "before one cold start of history"
+    floor: dict[str, int] = {}
+    for role in roles:
+        rows = state.roles.get(role, RoleHistory()).recent_targets
+        early = [w for t, w in rows if state.first_known_s <= t < watched_from]
+        if now_s < watched_from:
+            early.append(wanted[role])
+        if early:
+            floor[role] = max(early)
+    if not floor:
+        return _NO_YOUNG_HOLD
+    held = ", ".join(f"{r} {n}" for r, n in floor.items())
+    why = (
+        f"young pool: load known for {known_s:.0f} s < {young_s:.0f} s: no scale-down below the most wanted"
+        f" {what} ({held}) {since}"
+    )
+    return _YoungHold({}, floor, (why,))
 
 
 def _realised_rise(packed: PackedRates, now_s: float, cfg: PolicyConfig) -> rise_lead.RealisedRise | None:

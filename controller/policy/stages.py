@@ -952,6 +952,7 @@ def hysteresis_stage(
     hold_s: float = 0.0,
     cold_persist_s: float = 0.0,
     rate_limited: bool = True,
+    floor: int = 0,
 ) -> tuple[int, RoleHistory, str | None]:
     """Stage 7: tolerance band, rate limits and the time-based scale-down delay for one role.
 
@@ -966,11 +967,14 @@ def hysteresis_stage(
     over the last ``cold_persist_s`` (0 = no such wait; ``decide`` passes ``cold_start_persist_s`` for prefill
     while no request waits): a cold instance serves ``provision_lead_s`` after it is asked for, and the
     scale-down window releases one started for a one-tick spike before it ever serves.
+    ``floor``: no scale-down below it (``decide`` passes a young pool's, ``young_hold_scope='unwatched'``).
     ``rate_limited`` False: no ramp-up limit this decision (``decide`` passes it while a ramp is projected and
     ``ramp_up_on_trend`` is 'lifted'); the scale-down side is unchanged.
     """
     window_s = max(cfg.scale_down_delay_s, hold_s)
-    keep_s = max(cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0)
+    keep_s = max(
+        cfg.scale_down_delay_s, cfg.burst_hold_max_s if cfg.burst_hold != "off" else 0.0, cfg.young_hold_s
+    )
     start = _recent_from(history.recent_targets, now_s, keep_s, closed=False)
     if start is None:  # not in time order: filtered one by one, as recent_rows does
         kept = recent_rows(history.recent_targets, now_s, keep_s)
@@ -1002,7 +1006,10 @@ def hysteresis_stage(
                 reason = f"{role}: ramp-up limit {current} → {limit} (wanted {target})"
                 target = limit
     elif target < current:
-        held = window_hold(recent, now_s, cfg.scale_down_delay_s, cfg.scale_down_quantile, in_order=in_order)
+        held = max(
+            window_hold(recent, now_s, cfg.scale_down_delay_s, cfg.scale_down_quantile, in_order=in_order),
+            floor,
+        )
         since_up = now_s - history.last_scale_up_s
         if not can_scale_down:
             target, reason = current, f"{role}: no scale-down on incomplete data"
