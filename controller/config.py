@@ -564,7 +564,7 @@ class PolicyConfig(BaseModel):
         60.0, ge=0.0, le=86400.0, description="no scale-down until the target has been lower for this long"
     )
     young_hold_s: float = Field(
-        0.0,
+        240.0,
         ge=0.0,
         le=3600.0,
         description=(
@@ -574,11 +574,14 @@ class PolicyConfig(BaseModel):
             " capacity, and the 60-s window released it as it came up: on s11u's Azure code x 0.3 the first tick's"
             " 3 prefill were cancelled at 94-109 s (warm at 121 s), on its burst train the first tick's 2 released"
             " at 134 s, and the first burst (175-240 s) met 1 (docs/BENCHMARKS.md, 'Why predictive loses three of"
-            " s11u's shapes', s13b). 2 x provision_lead_s (240 s) keeps what the first tick started until it has"
-            " served one cold start. Opt-in: with the default scope and roles (the first need block's prefill"
-            " target) +64 GPU-s (+0.01 %) on the reference table (Mooncake, no SLO gained) and +0.28 % on the"
-            " eleven shapes, the burst train 93.52 -> 99.80 % and code x 0.3 93.95 -> 99.95 % (s13b2); scope"
-            " 'all', both roles +0.22 % and +2.4 % (s13b). 0 (default) = the scale-down window alone"
+            " s11u's shapes', s13b). 2 x provision_lead_s (240 s, the default since session 13) keeps what the"
+            " first tick started until it has served one cold start. With the default scope and roles (the first"
+            " need block's prefill target): the burst train 93.52 -> 99.80 % and code x 0.3 93.95 -> 99.95 %, no"
+            " reference row or shape lower, +64 GPU-s (+0.01 %) on the reference table beside"
+            " standby_spare_settle 'persist_reset' (Mooncake, no SLO gained; the two together 305 GPU-s under"
+            " session 10's table) and +0.28 % on the eleven shapes (s13b2, lead's 'Session 13's final"
+            " measurements'); scope 'all', both roles +0.22 % and +2.4 % (s13b). 0 = the scale-down window alone"
+            " (session 12's behaviour)"
         ),
     )
     young_hold_scope: Literal["all", "unwatched", "first"] = Field(

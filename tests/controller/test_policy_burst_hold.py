@@ -20,7 +20,7 @@ from serving.sim import samples as s
 
 BLOCK = stages.NEED_BLOCK_S
 HOLD = PolicyConfig(burst_hold="survival", short_burst_cap=True)
-OFF = PolicyConfig(burst_hold="off", short_burst_cap=False)
+OFF = PolicyConfig(burst_hold="off", short_burst_cap=False, young_hold_s=0.0)  # no hold of any kind
 Runs = tuple[tuple[float, float], ...]
 
 

@@ -57,8 +57,8 @@ def _prefill(plans: list[tuple[float, ScalingPlan | None]], since_s: float, unti
     return [p.prefill for t, p in plans if p is not None and since_s <= t - START < until_s]
 
 
-def test_default_releases_the_first_ticks_capacity_after_the_window() -> None:
-    plans = _run(PolicyConfig(), 200)
+def test_off_releases_the_first_ticks_capacity_after_the_window() -> None:
+    plans = _run(PolicyConfig(young_hold_s=0.0), 200)
     first = _prefill(plans, 0, 1)[0]
     assert first >= 3
     assert min(_prefill(plans, 150, 200)) < first  # released well before 240 s
@@ -98,7 +98,7 @@ def test_the_window_counts_from_the_first_known_load() -> None:
 def test_it_only_ever_keeps_more() -> None:
     """The hold lengthens the scale-down window and nothing else: tick by tick (the same inputs, counts fed
     back), the held pool's targets are never below the default's, and equal once both have left the window."""
-    base = _run(PolicyConfig(), 400)
+    base = _run(PolicyConfig(young_hold_s=0.0), 400)
     held = _run(PolicyConfig(young_hold_s=240.0), 400)
     for (t, a), (_, b) in zip(base, held, strict=True):
         assert a is not None and b is not None
@@ -125,7 +125,7 @@ def test_what_the_scope_keeps_of_a_target_wanted_after_the_first_need_block(scop
     late = _prefill(plans, 40 + 2 * cfg.scale_down_delay_s, 240)
     if scope == "first":
         assert max(late) < raised
-        assert late == _prefill(_run(PolicyConfig(), 400, high_from=40), 40 + 2 * 60, 240)  # as the default
+        assert late == _prefill(_run(PolicyConfig(young_hold_s=0.0), 400, high_from=40), 40 + 2 * 60, 240)  # as the default
     else:
         assert min(late) == raised
     assert _prefill(plans, 240 + 2 * cfg.scale_down_delay_s, math.inf)[-1] < raised  # released after it
@@ -164,7 +164,7 @@ def test_the_roles_it_applies_to(roles: str) -> None:
         assert min(late_d) == first_d
     else:
         assert max(late_d) < first_d
-        assert late_d == _decode(_run(PolicyConfig(), 400, gen_high=True), 2 * 60, 240)
+        assert late_d == _decode(_run(PolicyConfig(young_hold_s=0.0), 400, gen_high=True), 2 * 60, 240)
 
 
 def test_unknown_scope_or_roles_refused_naming_the_field() -> None:
