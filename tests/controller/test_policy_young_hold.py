@@ -125,7 +125,9 @@ def test_what_the_scope_keeps_of_a_target_wanted_after_the_first_need_block(scop
     late = _prefill(plans, 40 + 2 * cfg.scale_down_delay_s, 240)
     if scope == "first":
         assert max(late) < raised
-        assert late == _prefill(_run(PolicyConfig(young_hold_s=0.0), 400, high_from=40), 40 + 2 * 60, 240)  # as the default
+        assert late == _prefill(
+            _run(PolicyConfig(young_hold_s=0.0), 400, high_from=40), 40 + 2 * 60, 240
+        )  # as the default
     else:
         assert min(late) == raised
     assert _prefill(plans, 240 + 2 * cfg.scale_down_delay_s, math.inf)[-1] < raised  # released after it
