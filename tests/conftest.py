@@ -37,9 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if stray:
         raise pytest.UsageError(f"tests marked vllm must live in {VLLM_DIR} (tests/conftest.py): {stray[:3]}")
     if in_xdist_worker():
-        items[:] = [i for i in items if i.nodeid.startswith(VLLM_DIR)] + [
-            i for i in items if not i.nodeid.startswith(VLLM_DIR)
-        ]
+        items.sort(key=lambda i: not i.nodeid.startswith(VLLM_DIR))  # stable: tests/vllm first
 
 
 if importlib.util.find_spec("xdist") is not None:

@@ -150,6 +150,8 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     watched = obs.now_s - seen_from >= cfg.provision_lead_s  # False while seen_from is NaN
     cold_persist_s = cfg.cold_start_persist_s if obs.waiting_requests == 0 and watched else 0.0
     decode_persists = cfg.cold_start_persist_decode and why_trend is None
+    # the wait the active rule applies this tick, per role (the settled spare reads it too)
+    waits = {r: cold_persist_s if r == "prefill" or decode_persists else 0.0 for r in ROLES}
     # A projected ramp's target is the load one cold start ahead: rate-limiting it only delays that capacity.
     rate_limited = not (cfg.ramp_up_on_trend == "lifted" and (why_trend is not None or led > 1.0))
     bounds = {"prefill": (cfg.min_prefill, cfg.max_prefill), "decode": (cfg.min_decode, cfg.max_decode)}
@@ -167,7 +169,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             can_scale_down=obs.complete,
             fast_up=obs.standby.get(role, 0),
             hold_s=young.hold_s.get(role, hold_s),
-            cold_persist_s=cold_persist_s if role == "prefill" or decode_persists else 0.0,
+            cold_persist_s=waits[role],
             rate_limited=rate_limited,
             floor=young.floor.get(role, 0),
         )
@@ -188,7 +190,6 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         spares = {r: max(final[r] - wanted[r], 0) for r in ROLES}
         if cfg.standby_spare_settle != "tick":
             past = {r: asked[r] > obs.replicas.get(r, 0) for r in ROLES}
-            waits = {r: cold_persist_s if r == "prefill" or decode_persists else 0.0 for r in ROLES}
             spares, state = _settled_spare(spares, obs.now_s, cfg, state, past, waits)
         for role in ROLES:
             spare = spares[role]
