@@ -320,6 +320,30 @@ class PolicyConfig(BaseModel):
             " no set had, session 11 (s11u)'"
         ),
     )
+    output_floor_kv: Literal["off", "on", "rise"] = Field(
+        "rise",
+        description=(
+            "decode_saturated_kv for the length tracker alone (controller.pipeline.LengthTracker's floors): a"
+            " KV cache at 90 % or more marks the measured output length as a floor, while stage 1 and the"
+            " arrival calibration keep the running-sequence test. 'on': always (+65 GPU-s on mmpp@4, no SLO"
+            " gained); 'rise': only while the mean output length reads a rise over its usual"
+            " (stages.length_rise, the policy's usual as of the last tick; decode_length_rise's test); 'off'"
+            " (session 13). 'rise' by default since session 14: measured in docs/BENCHMARKS.md, 'Output lengths"
+            " that change under a running pool, by default (s14k)'"
+        ),
+    )
+    decode_length_rise: bool = Field(
+        True,
+        description=(
+            "while the pool's mean output length (the length tracker's ~1-min EWMA) stands above (1 + headroom) x"
+            " its usual (a ~10-min EWMA, stages.usual_output) by at least 0.25 decode instance of the measured"
+            " generation (stages.length_rise: longer outputs at the same arrivals, which an arrival burst is not),"
+            " decode is neither capped by short_burst_cap nor held by the cold-start wait"
+            " (cold_start_persist_decode): the longer outputs stay, and the fleet is full until capacity comes."
+            " The default since session 14 (False = session 13). Measured in docs/BENCHMARKS.md, 'Output"
+            " lengths that change under a running pool, by default (s14k)'"
+        ),
+    )
     short_burst_unseen_below: int = Field(
         0,
         ge=0,

@@ -571,7 +571,13 @@ class Pipeline:
         if active <= 0:
             return False
         cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
-        kv = track.setup.policy.decode_saturated_kv
+        policy = track.setup.policy
+        kv = policy.decode_saturated_kv or policy.output_floor_kv == "on"
+        if (
+            policy.output_floor_kv == "rise" and not kv
+        ):  # the rise the policy reads (its usual as of last tick)
+            usual = track.state.output_usual
+            kv = stages.length_rise(track.lengths.output_ewma, usual, policy.headroom, load.gen_tps, cap)
         return stages.decode_full(active, load.running, load.kv_usage, cap.decode_seqs, kv)
 
     @staticmethod

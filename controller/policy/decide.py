@@ -133,9 +133,15 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     short, why_short = stages.short_burst(
         state.burst_runs, state.need_blocks, obs.now_s, cfg, state.block_median
     )
+    # A rise of decode's need per request (longer outputs) is a level, not an arrival burst (opt-in).
+    lengths, state, why_lengths = _length_rise(obs, cap, cfg, state)
+    if why_lengths:
+        reasons.append(why_lengths)
     # A ramp is not a short burst: the load the trend projects is still there when cold capacity serves.
     if short and queue_s < cfg.queue_persist_s and why_trend is None:
         for role in ROLES:
+            if lengths and role == "decode":
+                continue
             warm = obs.replicas.get(role, 0) + obs.standby.get(role, 0)
             if wanted[role] > warm:
                 reasons.append(f"{why_short}: {role} {wanted[role]} → {warm}")
@@ -149,7 +155,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     # waiting for decode targets to last sized it at the bottom of their noise: -0.1 SLO points).
     watched = obs.now_s - seen_from >= cfg.provision_lead_s  # False while seen_from is NaN
     cold_persist_s = cfg.cold_start_persist_s if obs.waiting_requests == 0 and watched else 0.0
-    decode_persists = cfg.cold_start_persist_decode and why_trend is None
+    decode_persists = cfg.cold_start_persist_decode and why_trend is None and not lengths
     # the wait the active rule applies this tick, per role (the settled spare reads it too)
     waits = {r: cold_persist_s if r == "prefill" or decode_persists else 0.0 for r in ROLES}
     # A projected ramp's target is the load one cold start ahead: rate-limiting it only delays that capacity.
@@ -230,6 +236,32 @@ class _YoungHold:
 
 
 _NO_YOUNG_HOLD = _YoungHold({}, {}, ())
+
+
+def _length_rise(
+    obs: PoolObservation, cap: PoolCapacity, cfg: PolicyConfig, state: PoolState
+) -> tuple[bool, PoolState, str | None]:
+    """Whether decode reads a length rise this tick (``stages.length_rise``; True only with
+    ``cfg.decode_length_rise``), the state with the usual output length moved on (kept with either
+    ``decode_length_rise`` or ``output_floor_kv: rise``, whose pipeline side reads it), and the reason. A young
+    pool's first ``provision_lead_s`` of readings (the length tracker's warm-up, which reads low) are not
+    folded into the usual."""
+    if not (cfg.decode_length_rise or cfg.output_floor_kv == "rise"):
+        return False, state, None
+    usual = state.output_usual
+    rose = stages.length_rise(obs.mean_output_tokens, usual, cfg.headroom, obs.gen_tps, cap)
+    if obs.now_s >= state.first_known_s + cfg.provision_lead_s:
+        state = evolve(state, output_usual=stages.usual_output(usual, obs.now_s, obs.mean_output_tokens))
+    if not (rose and cfg.decode_length_rise):
+        return False, state, None
+    return (
+        True,
+        state,
+        (
+            f"decode: mean output {obs.mean_output_tokens:.0f} tokens above {1 + cfg.headroom:.2f} × its usual"
+            f" {usual[1] / usual[2]:.0f}: a length rise, not a burst (no short-burst cap or cold-start wait for decode)"
+        ),
+    )
 
 
 def _young_hold(

@@ -1830,6 +1830,59 @@ def _is_high(need: float, median: float, headroom: float) -> bool:
     return need > max((1 + headroom) * median, median + 1.0)
 
 
+USUAL_OUTPUT_HALFLIFE_S = 600.0  # the usual output length: an EWMA of the mean output over ~10 minutes
+USUAL_OUTPUT_MIN_WEIGHT = 0.25  # and known once its readings weigh this much (~250 s of them)
+
+
+def usual_output(
+    usual: tuple[float, float, float], now_s: float, mean_output: float
+) -> tuple[float, float, float]:
+    """``PoolState.output_usual`` (last reading's time, EWMA total, weight) with this tick's mean output length
+    folded in: an EWMA over ``USUAL_OUTPUT_HALFLIFE_S`` of time (not ticks), read as total ÷ weight (the
+    readings' weighted mean, not pulled to a start value; ``RateTracker``'s form). An unknown reading changes
+    nothing; the first one only starts the clock."""
+    last_s, total, weight = usual
+    if not (_known(mean_output) and mean_output >= 0):
+        return usual
+    if not math.isfinite(last_s):
+        return (now_s, 0.0, 0.0)
+    if now_s <= last_s:
+        return usual
+    a = 1.0 - 0.5 ** ((now_s - last_s) / USUAL_OUTPUT_HALFLIFE_S)
+    return (now_s, total + a * (mean_output - total), weight + a * (1.0 - weight))
+
+
+LENGTH_RISE_MIN_DECODE = 0.25  # a length rise moves decode's need by at least this many instances
+
+
+def length_rise(
+    mean_output: float,
+    usual: tuple[float, float, float],
+    headroom: float,
+    gen_tps: float,
+    cap: PoolCapacity,
+) -> bool:
+    """Whether the pool's mean output length (about a minute's EWMA, ``LengthTracker``) stands above
+    (1 + ``headroom``) × its usual (``usual_output``, ~10 minutes; known once its readings weigh
+    ``USUAL_OUTPUT_MIN_WEIGHT``), by enough to move decode's need by ``LENGTH_RISE_MIN_DECODE`` instances
+    (the share of the measured generation ``gen_tps`` above the usual length, ÷ one instance's ``decode_tps``;
+    the per-tick arrivals' Poisson noise made the test flicker, and the cold-start wait keeps a flickered
+    tick's low target for 30 s): a rise of decode's need per request
+    (longer outputs), which an arrival burst is not (the per-arrival ratio is exact when generation follows
+    arrivals, and dips, not rises, while a burst's requests are still decoding). The margin in instances keeps
+    out the noise of short outputs (Azure code: 14 → 21 tokens, +50 %, a few hundredths of an instance).
+    False while unknown (``PolicyConfig.decode_length_rise``)."""
+    _, total, weight = usual
+    known = (mean_output, total, gen_tps)
+    if not (all(_known(v) for v in known) and weight >= USUAL_OUTPUT_MIN_WEIGHT):
+        return False
+    base = total / weight
+    if not mean_output > (1 + headroom) * base:
+        return False
+    extra = gen_tps * (1.0 - base / mean_output) * cap.correction / cap.decode_tps
+    return extra >= LENGTH_RISE_MIN_DECODE
+
+
 def short_burst(
     runs: tuple[tuple[float, float], ...],
     blocks: tuple[tuple[float, float, float, int], ...],

@@ -227,6 +227,9 @@ class PoolState:
     arrival_calibration: ArrivalCalibration = field(default_factory=lambda: ArrivalCalibration())
     # the first tick with a known load (decide; PolicyConfig.standby_untested_s); NaN = none yet
     first_known_s: float = math.nan
+    # (last reading's time_s, EWMA total, weight) of the mean output length over stages.USUAL_OUTPUT_HALFLIFE_S:
+    # the pool's usual output length, total ÷ weight (stages.usual_output; PolicyConfig.decode_length_rise)
+    output_usual: tuple[float, float, float] = (math.nan, math.nan, 0.0)
     # rate_history packed for the trend stage (decide, stages.packed_rates): a cache, so neither compared nor
     # printed; an empty or stale one is rebuilt
     rate_packed: PackedRates = field(default_factory=lambda: PackedRates(), repr=False, compare=False)

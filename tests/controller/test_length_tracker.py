@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from controller.config import PolicyConfig
 from controller.pipeline import LengthTracker, Pipeline, PoolCounts
+from controller.policy import PoolState
 from controller.sources.aggregate import LoadAggregator, PoolLoad
 from serving.sim import samples as s
 
@@ -131,6 +132,8 @@ def test_never_below_the_unfloored_estimate_and_equal_when_nothing_floors(
 
 class _Cap:
     decode_seqs = 100.0
+    decode_tps = 2_000.0
+    correction = 1.0
 
 
 class _Cache:
@@ -150,6 +153,7 @@ class _Track:
         self.capacity = _Cache()
         self.lengths = LengthTracker()
         self.setup = _Setup(policy or PolicyConfig())
+        self.state = PoolState()  # no usual output yet: output_floor_kv 'rise' reads no rise
 
 
 COUNTS_2D = PoolCounts(replicas={"decode": 2}, active={"decode": 2}, standby={}, provisioning={})
