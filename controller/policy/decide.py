@@ -133,7 +133,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     short, why_short = stages.short_burst(
         state.burst_runs, state.need_blocks, obs.now_s, cfg, state.block_median
     )
-    # A rise of decode's need per request (longer outputs) is a level, not an arrival burst (opt-in).
+    # A rise of decode's need per request (longer outputs) is a level, not an arrival burst (decode_length_rise).
     lengths, state, why_lengths = _length_rise(obs, cap, cfg, state)
     if why_lengths:
         reasons.append(why_lengths)

@@ -1432,6 +1432,22 @@ def reserve_target(
     return min(math.ceil(min((level + rise) * h, cap) - 1e-9), int(MAX_NEED))
 
 
+def held_output(obs: PoolObservation, state: PoolState, hold_s: float) -> tuple[PoolObservation, PoolState]:
+    """``PolicyConfig.reserve_output_hold_s``: ``obs`` with its mean output length the most of the known
+    estimates over the last ``hold_s`` seconds of ticks, this one's included (the burst reserve's view of
+    decode's load). Generation follows arrivals by a sequence lifetime, so a burst shorter than that reads a
+    dipped estimate, and decode's Little's-law need under-reads it. An unknown estimate stays unknown (and
+    adds nothing); ``hold_s = 0`` passes ``obs`` and ``state`` through."""
+    if hold_s <= 0:
+        return obs, state
+    out = obs.mean_output_tokens
+    recent = tuple(r for r in state.output_recent if obs.now_s - r[0] < hold_s and r[0] < obs.now_s)
+    if not _known(out):
+        return obs, evolve(state, output_recent=recent)
+    recent = (*recent, (obs.now_s, out))
+    return evolve(obs, mean_output_tokens=max(r[1] for r in recent)), evolve(state, output_recent=recent)
+
+
 def burst_reserve_stage(
     prefill: int,
     decode: int,
@@ -1457,7 +1473,8 @@ def burst_reserve_stage(
     """
     if cfg.burst_reserve == "off" and cfg.burst_hold == "off" and not cfg.short_burst_cap:
         return prefill, decode, (0, 0), state, ()
-    now_need = load_need(obs, cap, offered=uses_offered(obs, cfg))
+    need_obs, state = held_output(obs, state, cfg.reserve_output_hold_s)
+    now_need = load_need(need_obs, cap, offered=uses_offered(obs, cfg))
     idle_s, state = idle_stretch(now_need, obs.now_s, cfg.idle_release_s, state)
     if idle_s >= cfg.idle_release_s:
         why = f"idle {idle_s:.0f} s (no load since t={obs.now_s - idle_s:.0f} s): burst reserve released"

@@ -216,6 +216,9 @@ class PoolState:
     projected_blocks: tuple[tuple[float, float], ...] = ()
     # (time_s, arrival_rps, prompt_tps, gen_tps) over the last ``load_smoothing_s`` (stages.smooth_load)
     load_recent: tuple[tuple[float, float, float, float], ...] = ()
+    # (time_s, mean output tokens) over the last ``reserve_output_hold_s`` (stages.held_output; written only
+    # with PolicyConfig.reserve_output_hold_s > 0)
+    output_recent: tuple[tuple[float, float], ...] = ()
     queue_since_s: float = math.nan  # when the current unbroken queue began (NaN = no queue)
     # (start_s, end_s) of the bursts seen over the burst window (stages.update_burst_runs, burst_hold)
     burst_runs: tuple[tuple[float, float], ...] = ()
