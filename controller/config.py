@@ -537,6 +537,36 @@ class PolicyConfig(BaseModel):
             " forecaster's quantiles as they come (session 7)"
         ),
     )
+    arrival_calibration_saturated: Literal["lift", "eased"] = Field(
+        "lift",
+        description=(
+            "what the arrival calibration's cut (a multiplier below 1) does as the decode fleet fills: 'lift'"
+            " (the default) = applied below 90 % of the modelled batch (stages.decode_saturated), not at all from"
+            " 90 %, a switch a one-instance difference can flip (the ramp, docs/BENCHMARKS.md, s13p: decode's"
+            " need 10 -> 18-19); 'eased' = moved toward 1 by the fleet's fullness (stages.decode_fullness, with"
+            " decode_saturated_kv the larger of it and the KV usage), none below arrival_calibration_ease_from,"
+            " all of it from arrival_calibration_ease_full, linearly between (docs/OPERATIONS.md 7.21)"
+        ),
+    )
+    arrival_calibration_ease_from: float = Field(
+        0.9,
+        ge=0.0,
+        le=2.0,
+        description=(
+            "'eased': the decode fullness (running sequences over the modelled batch) at which the cut starts to"
+            " fade (0.9 = lift's own threshold: below it 'eased' cuts as 'lift' does)"
+        ),
+    )
+    arrival_calibration_ease_full: float = Field(
+        1.0,
+        gt=0.0,
+        le=2.0,
+        description=(
+            "'eased': the decode fullness from which no cut applies (as 'lift' from 0.9); above"
+            " arrival_calibration_ease_from. The running count may exceed the modelled batch (it is modelled from"
+            " mean lengths), so values above 1 are allowed"
+        ),
+    )
     arrival_calibration_gain_per_s: float = Field(
         0.05,
         gt=0.0,
@@ -693,6 +723,11 @@ class PolicyConfig(BaseModel):
             problems.append(f"pd_ratio_min ({self.pd_ratio_min}) > pd_ratio_max ({self.pd_ratio_max})")
         if self.rise_lead == "calibrated" and self.arrival_calibration == "off":
             problems.append("rise_lead 'calibrated' needs arrival_calibration 'coverage' (it is 'off')")
+        if self.arrival_calibration_ease_from >= self.arrival_calibration_ease_full:
+            problems.append(
+                f"arrival_calibration_ease_from ({self.arrival_calibration_ease_from}) must be below"
+                f" arrival_calibration_ease_full ({self.arrival_calibration_ease_full})"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

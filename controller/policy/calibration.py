@@ -10,7 +10,8 @@ of comparisons so a 1-s and a 5-s tick adapt alike). Pure functions, no clock: t
 
 Safety: the multiplier is bounded; no correction before ``warmup_s`` of comparisons; none downward while the
 decode fleet is saturated (``stages.decode_saturated``: then the measured decode load is a floor, and cutting
-the forecast is what the censoring hides); and the scaled forecast is never below the measured arrival rate.
+the forecast is what the censoring hides), or with ``eased`` a cut that fades out as the fleet fills
+(``ease_weight``); and the scaled forecast is never below the measured arrival rate.
 """
 
 from __future__ import annotations
@@ -109,6 +110,23 @@ def update_calibration(
     return evolve(cal, pending=tuple(waiting[-MAX_PENDING:]))
 
 
+def ease_weight(fullness: float, start: float, full: float) -> float:
+    """How much of a cut below 1 the ``eased`` form lifts at decode ``fullness``: 0 up to ``start``, rising
+    linearly to 1 at ``full`` and above (``PolicyConfig.arrival_calibration_ease_from`` / ``_ease_full``).
+    An unknown fullness (NaN) lifts nothing, as an unknown fleet is not saturated (``stages.decode_full``)."""
+    if not (0.0 <= start < full < math.inf):
+        raise ValueError(f"ease_weight: need 0 <= start < full < inf, got {start!r}, {full!r}")
+    if math.isnan(fullness):
+        return 0.0
+    return min(max((fullness - start) / (full - start), 0.0), 1.0)
+
+
+def eased_scale(scale: float, weight: float) -> float:
+    """A multiplier below 1 moved ``weight`` of the way to 1 (``weight`` 1 is ``lift``'s ``max(scale, 1)``);
+    one at or above 1 is left as it is (the easing lifts cuts, it never pulls a raise down)."""
+    return scale if scale >= 1.0 else scale + (1.0 - scale) * weight
+
+
 def calibrated_forecast(
     forecast: PoolForecast | None,
     cal: ArrivalCalibration,
@@ -116,21 +134,31 @@ def calibrated_forecast(
     params: CalibrationParams,
     *,
     saturated: bool = False,
+    fullness: float = math.nan,
+    ease: tuple[float, float] | None = None,
     max_applied: float = math.inf,
 ) -> tuple[PoolForecast | None, str | None]:
     """The forecast with its arrival p50 and p90 scaled by the tracked multipliers, and why (None when
     unchanged).
 
     Unchanged before ``params.warmup_s`` of comparisons, or for an unknown forecast. While ``saturated`` (the
-    decode fleet is full) a multiplier below 1 is not applied. Neither quantile is scaled below the measured
-    rate ``measured_rps`` (when known), and the p90 is never below the p50; neither multiplier applies above
-    ``max_applied`` (``PolicyConfig.rise_lead='calibrated'``: the bound off a rise). The token forecasts are
-    untouched."""
+    decode fleet is full) a multiplier below 1 is not applied. With ``ease = (start, full)``
+    (``PolicyConfig.arrival_calibration_saturated='eased'``) ``saturated`` is not read: a multiplier below 1
+    is moved toward 1 by ``ease_weight(fullness, start, full)``, the decode fleet's ``fullness``
+    (``stages.decode_fullness``), so the cut fades out as the fleet fills instead of switching off at 90 %.
+    Neither quantile is scaled below the measured rate ``measured_rps`` (when known), and the p90 is never
+    below the p50; neither multiplier applies above ``max_applied`` (``PolicyConfig.rise_lead='calibrated'``:
+    the bound off a rise). The token forecasts are untouched."""
     issued = _issued(forecast, cal)
     if forecast is None or issued is None or cal.compared_s < params.warmup_s:
         return forecast, None
     s50, s90 = (min(s, max_applied) for s in cal.scales())
-    if saturated:
+    tracked = (s50, s90)
+    weight = 0.0
+    if ease is not None:
+        weight = ease_weight(fullness, *ease)
+        s50, s90 = eased_scale(s50, weight), eased_scale(s90, weight)
+    elif saturated:
         s50, s90 = max(s50, 1.0), max(s90, 1.0)
     floor = measured_rps if _known(measured_rps) else 0.0
     p50 = max(forecast.rate(forecast.arrivals_p50) * s50, floor)
@@ -138,9 +166,16 @@ def calibrated_forecast(
     if s50 == 1.0 and s90 == 1.0:
         return forecast, None
     cov50, cov90 = cal.coverage()
+    if ease is not None and weight > 0.0 and (s50, s90) != tracked:
+        note = (
+            f"; decode {fullness:.0%} full: cut eased {weight:.0%} toward 1"
+            f" (tracked p50 × {tracked[0]:.2f}, p90 × {tracked[1]:.2f})"
+        )
+    else:
+        note = "; decode full: not cut" if saturated and ease is None else ""
     why = (
         f"arrival forecast recalibrated: p50 × {s50:.2f}, p90 × {s90:.2f} → {p50:.1f} / {p90:.1f} req/s"
-        f" (coverage {cov50:.2f} / {cov90:.2f} over {cal.compared_s:.0f} s{'; decode full: not cut' if saturated else ''})"
+        f" (coverage {cov50:.2f} / {cov90:.2f} over {cal.compared_s:.0f} s{note})"
     )
     scaled = replace(forecast, arrivals_p50=p50 * forecast.horizon_s, arrivals_p90=p90 * forecast.horizon_s)
     return scaled, why

@@ -360,6 +360,7 @@ def _calibrate_arrivals(
     if cfg.arrival_calibration == "off":
         return obs, state, None
     lifted = cfg.rise_lead == "calibrated"
+    eased = cfg.arrival_calibration_saturated == "eased"
     top = cfg.arrival_calibration_max_scale
     params = calibration.CalibrationParams(
         gain_per_s=cfg.arrival_calibration_gain_per_s,
@@ -382,6 +383,8 @@ def _calibrate_arrivals(
         obs.arrival_rps,
         params,
         saturated=stages.decode_saturated(obs, cap, cfg.decode_saturated_kv),
+        fullness=stages.decode_fullness(obs, cap, cfg.decode_saturated_kv) if eased else math.nan,
+        ease=(cfg.arrival_calibration_ease_from, cfg.arrival_calibration_ease_full) if eased else None,
         max_applied=max_applied,
     )
     if why and lifted and max_applied > top:

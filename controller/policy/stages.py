@@ -290,6 +290,26 @@ def decode_full(active: float, running: float, kv_usage: float, decode_seqs: flo
     return _known(running) and running >= DECODE_SATURATED * active * decode_seqs
 
 
+def decode_fullness(obs: PoolObservation, cap: PoolCapacity, kv: bool = False) -> float:
+    """How full the active decode fleet is, as a number: running sequences over its modelled batch (active ×
+    ``cap.decode_seqs``), and with ``kv`` the larger of that and the mean KV-cache usage. NaN when unknown (no
+    active decode instance, no batch, or neither measurement known). :func:`decode_saturated` is this at
+    ``DECODE_SATURATED`` or more; the arrival calibration's ``eased`` form reads the number itself
+    (``PolicyConfig.arrival_calibration_saturated``). It may exceed 1: the batch is modelled from mean lengths."""
+    return decode_fill(obs.active.get("decode", 0), obs.running_seqs, obs.kv_usage, cap.decode_seqs, kv)
+
+
+def decode_fill(
+    active: float, running: float, kv_usage: float, decode_seqs: float, kv: bool = False
+) -> float:
+    """:func:`decode_fullness` on the raw measurements (as :func:`decode_full` is :func:`decode_saturated`'s)."""
+    if not (active > 0 and decode_seqs > 0 and math.isfinite(active * decode_seqs)):
+        return math.nan
+    by_seqs = running / (active * decode_seqs) if _known(running) else math.nan
+    by_kv = kv_usage if kv and _known(kv_usage) else math.nan
+    return _nanmax(by_seqs, by_kv)
+
+
 def capacity_target(
     obs: PoolObservation,
     cap: PoolCapacity,
