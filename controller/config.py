@@ -538,14 +538,15 @@ class PolicyConfig(BaseModel):
         ),
     )
     arrival_calibration_saturated: Literal["lift", "eased"] = Field(
-        "lift",
+        "eased",
         description=(
             "what the arrival calibration's cut (a multiplier below 1) does as the decode fleet fills: 'lift'"
-            " (the default) = applied below 90 % of the modelled batch (stages.decode_saturated), not at all from"
+            " (session 13) = applied below 90 % of the modelled batch (stages.decode_saturated), not at all from"
             " 90 %, a switch a one-instance difference can flip (the ramp, docs/BENCHMARKS.md, s13p: decode's"
             " need 10 -> 18-19); 'eased' = moved toward 1 by the fleet's fullness (stages.decode_fullness, with"
             " decode_saturated_kv the larger of it and the KV usage), none below arrival_calibration_ease_from,"
-            " all of it from arrival_calibration_ease_full, linearly between (docs/OPERATIONS.md 7.21)"
+            " all of it from arrival_calibration_ease_full, linearly between; the default since session 14 (no"
+            " reference row or shape lower, -490 GPU-s; docs/OPERATIONS.md 7.21)"
         ),
     )
     arrival_calibration_ease_from: float = Field(

@@ -161,7 +161,7 @@ def test_the_reason_says_what_was_applied() -> None:
 
 def test_config_defaults_and_bounds() -> None:
     cfg = PolicyConfig()
-    assert cfg.arrival_calibration_saturated == "lift"
+    assert cfg.arrival_calibration_saturated == "eased"  # since session 14
     assert (cfg.arrival_calibration_ease_from, cfg.arrival_calibration_ease_full) == (0.9, 1.0)
     with pytest.raises(ValidationError, match=r"arrival_calibration_ease_from .* must be below"):
         PolicyConfig(arrival_calibration_ease_from=1.0, arrival_calibration_ease_full=0.95)
@@ -195,9 +195,10 @@ def final_plan(cfg: PolicyConfig, running_seqs: float) -> ScalingPlan:
     return plan
 
 
-def test_through_decide_eased_changes_decodes_need_and_the_default_does_not() -> None:
-    """At 95 % of the batch 'lift' (the default) sizes decode on the uncut forecast, as an explicit 'lift' does;
-    'eased' (0.9 → 1.0) halfway between the cut and the uncut, and says so; below 90 % the two agree."""
+def test_through_decide_eased_changes_decodes_need() -> None:
+    """At 95 % of the batch 'lift' (session 13) sizes decode on the uncut forecast; 'eased' (0.9 → 1.0, the
+    default since session 14, as an explicit 'eased' does) halfway between the cut and the uncut, and says so;
+    below 90 % the two agree."""
     eased_cfg = PolicyConfig(arrival_calibration_saturated="eased")
     full = 0.95 * BATCH
     default, lift = (
@@ -205,16 +206,17 @@ def test_through_decide_eased_changes_decodes_need_and_the_default_does_not() ->
         final_plan(PolicyConfig(arrival_calibration_saturated="lift"), full),
     )
     eased = final_plan(eased_cfg, full)
-    assert default == lift
+    assert default == eased
     per_seq = CAP.decode_tps / CAP.decode_seqs
     uncut, cut = (
         100.0 * 200.0 / per_seq,
         30.0 * 200.0 / per_seq,
     )  # 100 req/s as forecast; × 0.3 = the 30 measured
-    assert little_of(default) == pytest.approx(uncut, abs=1.0)
+    assert little_of(lift) == pytest.approx(uncut, abs=1.0)
     assert little_of(eased) == pytest.approx((uncut + cut) / 2, abs=1.0)  # p90 × 0.65
-    assert decode_need(eased) < decode_need(default)
+    assert decode_need(eased) < decode_need(lift)
     assert any("decode 95% full: cut eased 50% toward 1" in r for r in eased.reasons)
-    assert not any("eased" in r for r in default.reasons)
+    assert not any("eased" in r for r in lift.reasons)
     below = 0.6 * BATCH
-    assert final_plan(eased_cfg, below).reasons == final_plan(PolicyConfig(), below).reasons
+    lift_cfg = PolicyConfig(arrival_calibration_saturated="lift")
+    assert final_plan(eased_cfg, below).reasons == final_plan(lift_cfg, below).reasons
