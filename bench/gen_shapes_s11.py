@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -217,15 +218,19 @@ def build(seed: int = 0) -> dict[str, tuple[str, Trace]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def shapes_main(
+    build_fn: Callable[[int], dict[str, tuple[str, Trace]]], doc: str | None, argv: list[str] | None
+) -> int:
+    """The command line every shape generator shares: ``--out DIR [--only NAME ...] [--seed N]``; writes each
+    shape of ``build_fn(seed)`` as an Azure-format CSV and prints one line per file."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument(
         "--only", nargs="*", default=None, help="write only these shapes (file names without .csv)"
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    shapes = build(args.seed)
+    shapes = build_fn(args.seed)
     unknown = sorted(set(args.only or ()) - set(shapes))
     if unknown:
         ap.error(f"--only: unknown shape(s) {', '.join(unknown)}; known: {', '.join(shapes)}")
@@ -241,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             f"prompt p50 {np.median(trace.prompt_tokens):6.0f}  output p50 {np.median(trace.output_tokens):5.0f}  ({desc})"
         )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return shapes_main(build, __doc__, argv)
 
 
 if __name__ == "__main__":

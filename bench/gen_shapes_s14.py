@@ -31,7 +31,6 @@ Run: ``.venv/bin/python bench/gen_shapes_s14.py --out DIR [--only NAME ...] [--s
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -42,9 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gen_shapes_s11 import Lengths, Piece, linear_pieces, merge, pieces_trace  # noqa: E402
+from gen_shapes_s11 import Lengths, Piece, linear_pieces, merge, pieces_trace, shapes_main  # noqa: E402
 
-from serving.workload import formats as F  # noqa: E402
 from serving.workload.readers import read_trace  # noqa: E402
 from serving.workload.trace import Trace  # noqa: E402
 from serving.workload.variants import (  # noqa: E402
@@ -54,7 +52,6 @@ from serving.workload.variants import (  # noqa: E402
     bundled,
     thin,
 )
-from serving.workload.writers import write_trace  # noqa: E402
 
 #: Mooncake's prompts (median 11,587 tokens) are divided by this and capped to ``FILE_POOL_MAX_PROMPT``: the
 #: ``file:`` pool's TTFT SLO is 1 s, out of reach for a lone prompt above ~10,000 tokens on llama3-8b/a100.
@@ -241,29 +238,7 @@ def build(seed: int = 0) -> dict[str, tuple[str, Trace]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument(
-        "--only", nargs="*", default=None, help="write only these shapes (file names without .csv)"
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    shapes = build(args.seed)
-    unknown = sorted(set(args.only or ()) - set(shapes))
-    if unknown:
-        ap.error(f"--only: unknown shape(s) {', '.join(unknown)}; known: {', '.join(shapes)}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, (desc, trace) in shapes.items():
-        if args.only and name not in args.only:
-            continue
-        path = args.out / f"{name}.csv"
-        write_trace(trace, path, F.AZURE)
-        dur = float(trace.arrival_s[-1])
-        print(
-            f"{path}  {len(trace):>6} req  {dur:7.0f} s  {len(trace) / max(dur, 1.0):6.2f} req/s  "
-            f"prompt p50 {np.median(trace.prompt_tokens):6.0f}  output p50 {np.median(trace.output_tokens):5.0f}  ({desc})"
-        )
-    return 0
+    return shapes_main(build, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ mean rate, prompt/output medians).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -22,10 +21,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gen_shapes_s11 import Lengths, Piece, pieces_trace  # noqa: E402
-from serving.workload import formats as F  # noqa: E402
+from bench.gen_shapes_s11 import Lengths, Piece, pieces_trace, shapes_main  # noqa: E402
 from serving.workload.trace import Trace  # noqa: E402
-from serving.workload.writers import write_trace  # noqa: E402
 
 
 def output_ramp(
@@ -57,20 +54,7 @@ def build(seed: int = 0) -> dict[str, tuple[str, Trace]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, (desc, trace) in build(args.seed).items():
-        path = args.out / f"{name}.csv"
-        write_trace(trace, path, F.AZURE)
-        dur = float(trace.arrival_s[-1])
-        print(
-            f"{path}  {len(trace):>6} req  {dur:7.0f} s  {len(trace) / max(dur, 1.0):6.2f} req/s  "
-            f"prompt p50 {np.median(trace.prompt_tokens):6.0f}  output p50 {np.median(trace.output_tokens):5.0f}  ({desc})"
-        )
-    return 0
+    return shapes_main(build, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,9 @@ def _name(file: str, workload: str) -> str:
     return workload
 
 
-def read_run(directory: Path) -> dict[str, tuple[float, float]]:
-    """Workload name → (SLO %, GPU-s) of the predictive rows of one run's tables."""
-    rows: dict[str, tuple[float, float]] = {}
+def read_run(directory: Path) -> dict[str, tuple[float, float, str]]:
+    """Workload name → (SLO %, GPU-s, the table it came from) of the predictive rows of one run's tables."""
+    rows: dict[str, tuple[float, float, str]] = {}
     for file in FILES:
         path = directory / f"{file}.txt"
         if not path.exists():
@@ -46,7 +46,7 @@ def read_run(directory: Path) -> dict[str, tuple[float, float]]:
                 continue
             slo = float(cells[header.index("SLO attained")].rstrip("%"))
             gpu = float(cells[header.index("GPU-s")].replace(",", ""))
-            rows[_name(file, cells[header.index("workload")])] = (slo, gpu)
+            rows[_name(file, cells[header.index("workload")])] = (slo, gpu, file)
     return rows
 
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, r in enumerate(runs):
             if n in r:
                 cells.append(f"{r[n][0]:.2f} / {r[n][1]:,.0f}")
-                totals["shapes" if n.startswith("s11_") else "reference"][i] += r[n][1]
+                totals["shapes" if r[n][2] == "shapes" else "reference"][i] += r[n][1]
             else:
                 cells.append("missing")
         base, last = runs[0].get(n), runs[-1].get(n)

@@ -382,7 +382,7 @@ def _calibrate_arrivals(
         cal,
         obs.arrival_rps,
         params,
-        saturated=stages.decode_saturated(obs, cap, cfg.decode_saturated_kv),
+        saturated=not eased and stages.decode_saturated(obs, cap, cfg.decode_saturated_kv),  # 'lift' reads it
         fullness=stages.decode_fullness(obs, cap, cfg.decode_saturated_kv) if eased else math.nan,
         ease=(cfg.arrival_calibration_ease_from, cfg.arrival_calibration_ease_full) if eased else None,
         max_applied=max_applied,

@@ -147,13 +147,17 @@ class _Setup:
 
 
 class _Track:
-    """What ``Pipeline._decode_capped`` reads of a pool's track: a modelled batch of 100 per decode instance."""
+    """What ``Pipeline._decode_capped`` reads of a pool's track: a modelled batch of 100 per decode instance, a
+    tracker (fresh, or reading ``output`` tokens) and the policy's state (by default no usual output yet:
+    output_floor_kv 'rise' reads no rise)."""
 
-    def __init__(self, policy: PolicyConfig | None = None) -> None:
+    def __init__(
+        self, policy: PolicyConfig | None = None, output: float | None = None, state: PoolState | None = None
+    ) -> None:
         self.capacity = _Cache()
-        self.lengths = LengthTracker()
+        self.lengths = LengthTracker() if output is None else LengthTracker(output_ewma=output)
         self.setup = _Setup(policy or PolicyConfig())
-        self.state = PoolState()  # no usual output yet: output_floor_kv 'rise' reads no rise
+        self.state = state or PoolState()
 
 
 COUNTS_2D = PoolCounts(replicas={"decode": 2}, active={"decode": 2}, standby={}, provisioning={})

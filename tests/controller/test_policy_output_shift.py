@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from policy_fixtures import CAP, ctx, obs
 
 from controller.config import PolicyConfig
-from controller.pipeline import LengthTracker, Pipeline, PoolCounts
+from controller.pipeline import Pipeline, PoolCounts
 from controller.policy import PoolState, decide, stages
 from controller.sources.aggregate import PoolLoad
+from tests.controller.test_length_tracker import _Track as Track
 
 H = stages.USUAL_OUTPUT_HALFLIFE_S
 
@@ -101,31 +102,10 @@ def test_decide_sizes_decode_past_the_fleet_at_once_on_longer_outputs() -> None:
     assert max(on) >= max(off)
 
 
-class _Cap:
-    decode_seqs = 100.0
-    decode_tps = 2_000.0
-    correction = 1.0
-
-
-class _Cache:
-    def get(self, *_: object) -> _Cap:
-        return _Cap()
-
-
-class _Setup:
-    def __init__(self, policy: PolicyConfig) -> None:
-        self.policy = policy
-
-
-class _Track:
-    """What ``Pipeline._decode_capped`` reads: a modelled batch of 100, a tracker reading ``output`` tokens and
-    the policy's usual output of 100 tokens."""
-
-    def __init__(self, policy: PolicyConfig, output: float) -> None:
-        self.capacity = _Cache()
-        self.lengths = LengthTracker(output_ewma=output)
-        self.setup = _Setup(policy)
-        self.state = PoolState(output_usual=_usual(100.0, 600.0))
+def _rising_track(policy: PolicyConfig, output: float) -> Track:
+    """A pool's track for ``Pipeline._decode_capped``: a modelled batch of 100, a tracker reading ``output``
+    tokens and the policy's usual output of 100 tokens."""
+    return Track(policy, output, PoolState(output_usual=_usual(100.0, 600.0)))
 
 
 def _load(kv: float) -> PoolLoad:
@@ -153,5 +133,5 @@ COUNTS = PoolCounts(replicas={"decode": 2}, active={"decode": 2}, standby={}, pr
 def test_pipeline_floors_the_length_on_a_full_kv_cache_during_a_rise(
     mode: str, output: float, kv: float, capped: bool
 ) -> None:
-    track = _Track(PolicyConfig(output_floor_kv=mode), output)
+    track = _rising_track(PolicyConfig(output_floor_kv=mode), output)
     assert Pipeline._decode_capped(track, _load(kv), COUNTS) is capped  # type: ignore[arg-type]
