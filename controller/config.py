@@ -30,7 +30,7 @@ class PolicyConfig(BaseModel):
     ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back;
     ``burst_peak_headroom='both'`` and ``cold_start_persist_decode=False`` give session 4's;
     ``ramp_up_on_trend='limited'`` gives session 6's; ``cold_start_persist_s=5`` session 9's;
-    ``standby_spare_settle='tick'`` session 12's."""
+    ``standby_spare_settle='tick'`` session 12's; ``queue_pinned=False`` session 15's (14's final)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -613,6 +613,18 @@ class PolicyConfig(BaseModel):
             " the two. 'min' keeps a token forecast's spike after one long prompt out of the target: 1-9 %"
             " fewer GPU-s with the level-relative candidate, 0-1 % with the shipped checkpoint, but -0.19 SLO"
             " points on mmpp-diurnal with the shipped one, so 'tokens' stays the default (docs/BENCHMARKS.md, W7)"
+        ),
+    )
+    queue_pinned: bool = Field(
+        True,
+        description=(
+            "stage 1's queue term: requests waiting in an instance's own queue (vLLM's num_requests_waiting"
+            " less what a router queues for any instance) are served by that instance alone, so they count as"
+            " the capacity they occupy over the cold-start lead, never as a backlog that more instances clear"
+            " within the TTFT SLO. False = every waiting request is movable (session 15's rule: on the 300-s"
+            " sinusoid one cold instance's ~1,800 queued requests then held all 64 prefill instances for 10"
+            " min). On by default since session 16: the 14 reference rows -4.1 % GPU-s at equal SLO"
+            " (docs/OPERATIONS.md 7.23)"
         ),
     )
     scale_down_delay_s: float = Field(

@@ -292,6 +292,7 @@ def build_observation(
         forecast=forecast,
         complete=load.complete,
         prompt_at_arrival=load.prompt_at_arrival,
+        pinned_waiting=load.waiting - load.router_waiting,
     )
 
 

@@ -53,6 +53,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         persistent_queue=queue_s >= cfg.queue_persist_s,
         prompt_forecast=cfg.prompt_forecast,
         gen_forecast=cfg.gen_forecast,
+        pinned_queue=cfg.queue_pinned,
         little_arrivals=cfg.little_arrivals,
         saturated_kv=cfg.decode_saturated_kv,
     )

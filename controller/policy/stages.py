@@ -320,6 +320,7 @@ def capacity_target(
     persistent_queue: bool = False,
     prompt_forecast: str = "tokens",
     gen_forecast: str = "tokens",
+    pinned_queue: bool = False,
     little_arrivals: str = "p90",
     saturated_kv: bool = False,
 ) -> Need | None:
@@ -377,8 +378,11 @@ def capacity_target(
         )
         age_s = obs.oldest_wait_s if _known(obs.oldest_wait_s) else 0.0
         clear_within_s = max(slo_ttft_s - age_s, slo_ttft_s / 4)
+        movable = obs.waiting_requests
+        if pinned_queue and _known(obs.pinned_waiting):
+            movable -= min(max(obs.pinned_waiting, 0.0), obs.waiting_requests)
         if _known(mean_prompt):
-            backlog_tps = obs.waiting_requests * mean_prompt / clear_within_s
+            backlog_tps = movable * mean_prompt / clear_within_s
             backlog_cold_tps = obs.waiting_requests * mean_prompt / max(clear_within_s, lead_s)
             reasons.append(
                 f"queue: {obs.waiting_requests:.0f} waiting → +{backlog_tps:.0f} tok/s to clear in {clear_within_s:.2f} s"

@@ -56,6 +56,10 @@ class PoolObservation:
     # prompt_tps counts prompt tokens as they arrive (the router's counter), not as they were prefilled: it
     # does not flatten at the fleet's throughput, so no offered-load estimate is needed on top of it
     prompt_at_arrival: bool = False
+    # of waiting_requests, those in an instance's own waiting queue (vLLM's num_requests_waiting): only that
+    # instance serves them, so capacity added elsewhere serves new arrivals, not them. The rest wait at a
+    # gateway for any instance. NaN = unknown (all taken as movable)
+    pinned_waiting: float = math.nan
 
 
 @dataclass(frozen=True)

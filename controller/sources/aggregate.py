@@ -48,6 +48,9 @@ class PoolLoad:
     prompt_at_arrival: bool = False
     # requests finished per second (vllm:request_success_total on decode and mixed instances; NaN: not exported)
     completion_rps: float = math.nan
+    # of ``waiting``, the requests a router queues for any entry instance (pdscale:router_queue_length, added to
+    # the instances' waiting by the sources); the rest wait in an instance's own queue
+    router_waiting: float = 0.0
 
     def channels(self) -> list[float]:
         """Values in the forecaster's CHANNELS order (forecaster.types.CHANNELS)."""
@@ -243,6 +246,9 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool, rows
         complete=complete,
         prompt_at_arrival=at_arrival,
         completion_rps=_rate(float(d.success[rows.decode].sum()), d.dt_s),
+        router_waiting=gauge_sum(names.ROUTER_QUEUE_SHARE, rows.serving_prompt)
+        if names.ROUTER_QUEUE_SHARE in cur.gauges
+        else 0.0,
     )
 
 

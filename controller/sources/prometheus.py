@@ -509,7 +509,9 @@ def add_router_queues(
     mixed) added to the waiting requests of that pool's instances of the stage, shared evenly (a stage
     without instances goes to the pool's other entry instances), and per pool the requests left unplaced
     (the pool has no entry instance, or the waiting gauge is absent). An instance whose waiting is unknown
-    (NaN) stays unknown: the pool's backlog is then unknown, never a partial sum read as the whole."""
+    (NaN) stays unknown: the pool's backlog is then unknown, never a partial sum read as the whole. The shares
+    added are also kept as their own gauge (``ROUTER_QUEUE_SHARE``): they wait for any instance, the rest of
+    the waiting gauge for its own."""
     waiting = samples.gauges.get(names.NUM_REQUESTS_WAITING)
     unplaced: dict[str, float] = {}
     backlogs = {
@@ -521,6 +523,7 @@ def add_router_queues(
     if waiting is None:
         return samples, {pool: sum(b.values()) for pool, b in backlogs.items() if b}
     out = np.array(waiting, dtype=np.float64, copy=True)
+    share = np.zeros(len(out))
     roles = np.array(samples.roles, dtype=object)
     pools = np.array(samples.pools, dtype=object)
     for pool, backlog in backlogs.items():
@@ -533,7 +536,9 @@ def add_router_queues(
                 unplaced[pool] = unplaced.get(pool, 0.0) + n
                 continue
             out[sel] += n / int(sel.sum())
-    return replace(samples, gauges={**samples.gauges, names.NUM_REQUESTS_WAITING: out}), unplaced
+            share[sel] += n / int(sel.sum())
+    gauges = {**samples.gauges, names.NUM_REQUESTS_WAITING: out, names.ROUTER_QUEUE_SHARE: share}
+    return replace(samples, gauges=gauges), unplaced
 
 
 def _histogram(per: Mapping[str, Mapping[float, float]], ids: Sequence[str]) -> Histogram:

@@ -31,6 +31,10 @@ ROUTER_PROMPT_TOKENS_TOTAL = "pdscale:router_prompt_tokens_total"
 # attempt), and requests waiting in its queues (labels stage, priority_class; pool when the router names it)
 ROUTER_DISPATCHED_TOTAL = "pdscale:router_dispatched_total"
 ROUTER_QUEUE_LENGTH = "pdscale:router_queue_length"
+# Not exported by anything: the sources' own gauge, per entry instance, of the router-queued requests they added to
+# its vllm:num_requests_waiting (``controller.sources.prometheus.add_router_queues``). Those wait for any instance;
+# the rest of the waiting gauge is the instance's own queue, which only it serves.
+ROUTER_QUEUE_SHARE = "pdscale:router_queue_share"
 # Not vLLM metrics: tail-request handling in the simulator (serving.sim.engine.TailPolicy). Requests moved to
 # the front of this instance's queue after waiting a fraction of the TTFT SLO, and times this instance was
 # promoted from standby for such a request. Exported only when a TailPolicy is set.

@@ -62,6 +62,10 @@ def test_entry_queues_add_to_their_pools_waiting_in_either_spelling() -> None:
     assert sum('router_queue_length"}' in x for x in q.queries) == 1  # one query for the whole fleet
     loads = LoadAggregator().update(s, ["a", "b"])
     assert loads["a"].waiting == 9.0 and loads["b"].waiting == 4.0
+    # the router's part is kept apart: it waits for any instance, the rest in an instance's own queue
+    share = dict(zip(s.instance_ids, s.gauges[names.ROUTER_QUEUE_SHARE].tolist(), strict=True))
+    assert share == {"a-d0": 0.0, "a-p0": 3.0, "a-p1": 3.0, "b-m0": 3.0}
+    assert loads["a"].router_waiting == 6.0 and loads["b"].router_waiting == 3.0
 
 
 def test_a_series_under_both_spellings_counts_once_and_a_router_without_pool_is_unmapped(
@@ -86,6 +90,7 @@ def test_a_series_under_both_spellings_counts_once_and_a_router_without_pool_is_
 def test_no_router_leaves_waiting_as_the_servers() -> None:
     s = PrometheusSource("http://unused", labels=LABELS, querier=fleet([])).scrape(100.0)
     assert waiting(s) == {"a-d0": 5.0, "a-p0": 1.0, "a-p1": 2.0, "b-m0": 1.0}
+    assert LoadAggregator().update(s, ["a"])["a"].router_waiting == 0.0  # every waiting request pinned
     assert names.ROUTER_DISPATCHED_TOTAL not in s.counters  # no router: left out, not zeros
 
 
