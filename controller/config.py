@@ -228,6 +228,19 @@ class PolicyConfig(BaseModel):
             " and 10 s lost 11 points on the bursty code trace: off by default"
         ),
     )
+    load_smoothing_slo: float = Field(
+        0.0,
+        ge=0.0,
+        le=10.0,
+        description=(
+            "the smoothing window as a fraction of the pool's TTFT SLO (the window is the larger of this × the"
+            " SLO and load_smoothing_s; 0 = off, the default). A request may wait part of its SLO, so a second's"
+            " spike is carried by the capacity averaged over that slack. Measured at 1.0 (session 16): the 14"
+            " reference rows -6.2 % GPU-s (Mooncake, TTFT 5 s, -16.3 %; the ramp -9.9 %; the 1-s-SLO rows"
+            " unchanged), but the 600-s sinusoid's first rise from the cold fleet -0.33 SLO points, so opt-in"
+            " (docs/OPERATIONS.md 7.24)"
+        ),
+    )
     queue_persist_s: float = Field(
         120.0,
         ge=0.0,

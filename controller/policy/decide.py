@@ -40,7 +40,8 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     the queue's age, the arrival calibration, whose count an unknown rate breaks); the scaling memory
     (targets, bursts, rates) is left as it was."""
     obs, cfg, cap = ctx.obs, ctx.config, ctx.capacity
-    obs, smoothed = stages.smooth_load(obs, state, cfg.load_smoothing_s)
+    window_s = max(cfg.load_smoothing_s, cfg.load_smoothing_slo * ctx.slo_ttft_ms / 1000.0)
+    obs, smoothed = stages.smooth_load(obs, state, window_s)
     queue_s, smoothed = stages.queue_age(obs, smoothed)
     # stage 1 reads the recalibrated arrival forecast; the standby's spread stays the forecaster's own ratio
     stage1_obs, smoothed, why_calibrated = _calibrate_arrivals(ctx.obs, obs, cap, cfg, smoothed)
