@@ -30,7 +30,7 @@ class PolicyConfig(BaseModel):
     ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back;
     ``burst_peak_headroom='both'`` and ``cold_start_persist_decode=False`` give session 4's;
     ``ramp_up_on_trend='limited'`` gives session 6's; ``cold_start_persist_s=5`` session 9's;
-    ``standby_spare_settle='tick'`` session 12's; ``queue_pinned=False`` session 15's (14's final)."""
+    ``standby_spare_settle='tick'`` session 12's; ``queue_pinned=False`` with ``reserve_output_hold_s=0`` session 15's (14's final)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -683,21 +683,20 @@ class PolicyConfig(BaseModel):
         ),
     )
     reserve_output_hold_s: float = Field(
-        0.0,
+        60.0,
         ge=0.0,
         le=3600.0,
         description=(
             "the burst reserve's need blocks read decode's mean output length as the most it was over the last"
-            " reserve_output_hold_s (0 = this tick's estimate, the default). The estimate is generated tokens per"
-            " arrival (smoothed): when a burst arrives the arrivals jump at once and the generation follows a"
-            " sequence lifetime later, so during a burst shorter than that the estimate dips and decode's"
-            " Little's-law need, arrivals x output, under-reads the burst the reserve then remembers. On s14u's"
-            " growing bursts (docs/BENCHMARKS.md, 'Shapes no set had, session 14') the x7 burst's decode peak read"
-            " 0.92-0.97 instances while the ticks inside it read 1.59-1.63, the reserve kept 1 decode and the x8"
-            " burst missed 289 requests on ITL. Measured with 60: that shape 94.00 -> 99.60 % SLO (+431 GPU-s), no"
-            " reference row or shape lower, the 14 reference rows +2,297 GPU-s (+0.37 %: sine-300 +1,582, mmpp-diurnal"
-            " +634), so opt-in (30 s does not reach the x8 burst; 120 s the same SLO for +4,005, docs/OPERATIONS.md"
-            " 7.22)"
+            " reserve_output_hold_s (0 = this tick's estimate). The estimate is generated tokens per arrival"
+            " (smoothed): when a burst arrives the arrivals jump at once and the generation follows a sequence"
+            " lifetime later, so during a burst shorter than that the estimate dips and decode's Little's-law need,"
+            " arrivals x output, under-reads the burst the reserve then remembers. On s14u's growing bursts"
+            " (docs/BENCHMARKS.md, 'Shapes no set had, session 14') the x7 burst's decode peak read 0.92-0.97"
+            " instances while the ticks inside it read 1.59-1.63, the reserve kept 1 decode and the x8 burst missed"
+            " 289 requests on ITL. 60 s is the default since session 16: that shape 94.00 -> 99.60 % SLO (+431"
+            " GPU-s), the 14 reference rows +2,757 GPU-s (+0.46 %) at equal SLO, two shapes -0.01 points (30 s does"
+            " not reach the x8 burst; 120 s the same SLO for more, docs/OPERATIONS.md 7.22)"
         ),
     )
     scale_down_quantile: float = Field(

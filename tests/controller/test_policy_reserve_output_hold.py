@@ -39,6 +39,9 @@ def _burst_ticks() -> list[tuple[float, float, float]]:
     return ticks
 
 
+OFF = PolicyConfig(reserve_output_hold_s=0.0)  # session 15's default: this tick's estimate
+
+
 def _decode_targets(ticks: list[tuple[float, float, float]], cfg: PolicyConfig) -> list[int]:
     """The reserve stage's decode target per tick, from a stage-2 target of 1 + 1."""
     state, out = PoolState(), []
@@ -49,7 +52,7 @@ def _decode_targets(ticks: list[tuple[float, float, float]], cfg: PolicyConfig) 
 
 
 def test_the_value_is_validated_and_named() -> None:
-    assert PolicyConfig().reserve_output_hold_s == 0.0
+    assert PolicyConfig().reserve_output_hold_s == 60.0  # the default since session 16
     assert PolicyConfig(reserve_output_hold_s=60).reserve_output_hold_s == 60.0
     for bad in (-1.0, 3601.0):
         with pytest.raises(ValidationError, match="reserve_output_hold_s"):
@@ -86,19 +89,20 @@ def test_zero_passes_the_observation_and_state_through() -> None:
 
 def test_a_dipped_burst_is_remembered_at_its_true_decode_need() -> None:
     """The burst's decode need is 12 × 250 / 2,000 = 1.5 instances; read with the dipped 140 it is 0.84. After
-    the burst the default keeps 1 decode, the hold keeps 2 (the true peak, without headroom, rounded up)."""
+    the burst 0 (session 15's default) keeps 1 decode, the hold keeps 2 (the true peak, without headroom, rounded up)."""
     ticks = _burst_ticks()
-    base = _decode_targets(ticks, PolicyConfig())
+    base = _decode_targets(ticks, OFF)
     held = _decode_targets(ticks, PolicyConfig(reserve_output_hold_s=60.0))
+    assert held == _decode_targets(ticks, PolicyConfig())  # 60 s is the default
     assert max(base[350:]) == 1
     assert min(held[350:]) == 2
 
 
-def test_the_default_is_unchanged_by_the_new_state() -> None:
+def test_zero_leaves_the_new_state_unwritten() -> None:
     """With 0 the stage never writes ``output_recent``: the state is the session-13 state."""
     state = PoolState()
     for t, rps, est in _burst_ticks():
-        _, _, _, state, _ = stages.burst_reserve_stage(1, 1, _load(t, rps, est), CAP, PolicyConfig(), state)
+        _, _, _, state, _ = stages.burst_reserve_stage(1, 1, _load(t, rps, est), CAP, OFF, state)
     assert state.output_recent == ()
 
 
@@ -118,7 +122,7 @@ def test_the_hold_raises_only_decode_need_blocks(seq: list[tuple[float, float]],
     cfg = PolicyConfig(reserve_output_hold_s=hold_s)
     for i, (rps, est) in enumerate(seq):
         o = _load(5.0 * i, rps, est)
-        *_, base, _ = stages.burst_reserve_stage(1, 1, o, CAP, PolicyConfig(), base)
+        *_, base, _ = stages.burst_reserve_stage(1, 1, o, CAP, OFF, base)
         *_, hold, _ = stages.burst_reserve_stage(1, 1, o, CAP, cfg, hold)
     assert [b[0] for b in hold.need_blocks] == [b[0] for b in base.need_blocks]
     for b, h in zip(base.need_blocks, hold.need_blocks, strict=True):
