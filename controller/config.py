@@ -30,7 +30,8 @@ class PolicyConfig(BaseModel):
     ``burst_hold_rebuy=True`` and ``cold_start_persist_s=0`` give session 3's policy back;
     ``burst_peak_headroom='both'`` and ``cold_start_persist_decode=False`` give session 4's;
     ``ramp_up_on_trend='limited'`` gives session 6's; ``cold_start_persist_s=5`` session 9's;
-    ``standby_spare_settle='tick'`` session 12's; ``queue_pinned=False`` with ``reserve_output_hold_s=0`` session 15's (14's final)."""
+    ``standby_spare_settle='tick'`` session 12's; ``queue_pinned=False`` with ``reserve_output_hold_s=0``
+    session 15's (14's final)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

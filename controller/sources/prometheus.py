@@ -535,8 +535,8 @@ def add_router_queues(
             if not sel.any():
                 unplaced[pool] = unplaced.get(pool, 0.0) + n
                 continue
-            out[sel] += n / int(sel.sum())
             share[sel] += n / int(sel.sum())
+    out += share
     gauges = {**samples.gauges, names.NUM_REQUESTS_WAITING: out, names.ROUTER_QUEUE_SHARE: share}
     return replace(samples, gauges=gauges), unplaced
 
