@@ -262,6 +262,19 @@ def print_forecast_stats(workload: str, label: str, stats: dict[str, dict[str, f
         )
 
 
+def unguarded(
+    wrap: Callable[[Forecaster], Forecaster] | None,
+) -> Callable[[Forecaster], Forecaster]:
+    """``wrap`` (or nothing) after switching off the learned forecaster's length guard (``--length-guard off``)."""
+    from controller.forecasting import without_length_guard
+
+    def off(f: Forecaster) -> Forecaster:
+        without_length_guard(f)
+        return wrap(f) if wrap else f
+
+    return off
+
+
 def checkpoint_runs(paths: list[str]) -> list[tuple[str, Path | None]]:
     """(row label, checkpoint) per ``--checkpoint`` value (``[NAME=]PATH``; the label defaults to the file's
     stem); one unlabelled run with no checkpoint when none is given. A missing file is an error naming it (the
@@ -597,6 +610,12 @@ def main() -> None:
         " replayed each way, side by side); default = the controller's default",
     )
     ap.add_argument("--params", default="", help="PolicyConfig overrides for predictive: k=v,k=v")
+    ap.add_argument(
+        "--length-guard",
+        choices=("on", "off"),
+        default="on",
+        help="the learned forecaster's length guard (forecaster.lengths; ControllerConfig.forecaster_length_guard)",
+    )
     ap.add_argument("--label", default="", help="a label printed in each row (e.g. before/after)")
     ap.add_argument(
         "--warmup-s", type=float, default=600.0, help="the 'SLO after' column counts arrivals from here on"
@@ -698,6 +717,8 @@ def main() -> None:
                     return ForecastRecorder(f, sink)
 
                 wrap = recorder if args.forecast_stats and pol == "predictive" else None
+                if args.length_guard == "off" and pol == "predictive":
+                    wrap = unguarded(wrap)
                 policy = make(pol, args.forecaster, params, ck_path, combination, wrap)
                 probe = ChurnProbe(policy)
                 rep = run(wl, trace, fleet, probe if args.decompose else policy, gateway)

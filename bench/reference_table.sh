@@ -4,6 +4,8 @@
 # PolicyConfig overrides. Deterministic figures; run two settings side by side to compare.
 #
 #   bench/reference_table.sh OUTDIR [k=v,k=v]      # no params = the defaults
+#   CHECKPOINT=forecaster/checkpoints/candidate_v3.safetensors bench/reference_table.sh OUTDIR
+#                                                   # a learned checkpoint other than the shipped one
 #
 # Writes OUTDIR/{main,more,sine300,sine1200,shapes}.txt (each bench_policies.py's printed table) and
 # OUTDIR/shapes/ (bench/gen_shapes_s11.py's CSVs, generated once). PYTHON (default .venv/bin/python)
@@ -15,6 +17,7 @@ py=${PYTHON:-.venv/bin/python}
 mkdir -p "$out"
 extra=()
 if [[ -n "$params" ]]; then extra=(--params "$params"); fi
+if [[ -n "${CHECKPOINT:-}" ]]; then extra+=(--checkpoint "$CHECKPOINT"); fi
 run() {
   local name=$1
   shift

@@ -75,6 +75,7 @@ def config_summary(cfg: ControllerConfig) -> list[str]:
         )
     lines.append(f"online forecast combination: {cfg.forecaster_combination}")
     lines.append(f"onset burst detector: {'on' if cfg.forecaster_burst_detector else 'off'}")
+    lines.append(f"forecaster length guard: {'on' if cfg.forecaster_length_guard else 'off'}")
     return lines
 
 

@@ -414,18 +414,25 @@ class _Capture(logging.Handler):
 
 
 def load_forecaster(
-    path: Path | None, *, burst_detector: bool = False, combination: CombinationMode = "off"
+    path: Path | None,
+    *,
+    burst_detector: bool = False,
+    combination: CombinationMode = "off",
+    length_guard: bool = True,
 ) -> tuple[Forecaster, str | None]:
     """``controller.forecasting.load_default_forecaster`` plus why it fell back (None = it did not).
     ``burst_detector``: wrap it with the onset detector (``ControllerConfig.forecaster_burst_detector``);
-    ``combination``: run it inside the online combination (``ControllerConfig.forecaster_combination``)."""
+    ``combination``: run it inside the online combination (``ControllerConfig.forecaster_combination``);
+    ``length_guard``: ``ControllerConfig.forecaster_length_guard``."""
     from controller.forecasting import load_default_forecaster
 
     capture = _Capture()
     logger = logging.getLogger("controller.forecasting")
     logger.addHandler(capture)
     try:
-        forecaster = load_default_forecaster(path, burst_detector=burst_detector, combination=combination)
+        forecaster = load_default_forecaster(
+            path, burst_detector=burst_detector, combination=combination, length_guard=length_guard
+        )
     finally:
         logger.removeHandler(capture)
     return forecaster, (capture.messages[-1] if capture.messages else None)
@@ -679,6 +686,7 @@ def build_daemon(
         cfg.forecaster_checkpoint,
         burst_detector=cfg.forecaster_burst_detector,
         combination=cfg.forecaster_combination,
+        length_guard=cfg.forecaster_length_guard,
     )
     telemetry = Telemetry(clock, stuck_after_s=stuck_after_s(cfg))
     if audit is None and cfg.audit_log is not None:

@@ -68,15 +68,22 @@ def combination_config(mode: CombinationMode) -> CombinationConfig | None:
 
 
 def load_default_forecaster(
-    path: Path | None = None, *, burst_detector: bool = False, combination: CombinationMode = "off"
+    path: Path | None = None,
+    *,
+    burst_detector: bool = False,
+    combination: CombinationMode = "off",
+    length_guard: bool = True,
 ) -> Forecaster:
     """Load ``path`` (default: the shipped checkpoint). A missing, corrupt or mismatched checkpoint falls
     back to the Holt baseline, logged with the reason — the controller keeps running either way.
     ``combination``: run a learned model inside ``with_combination`` with ``combination_config(mode)``
     (``ControllerConfig.forecaster_combination``; the Holt fallback is not wrapped). ``burst_detector``: wrap
     whatever was loaded (the baseline too) with ``with_onset_detector``; both off by default so the replay
-    policies keep what they measure (the live daemon sets them from its config)."""
+    policies keep what they measure (the live daemon sets them from its config). ``length_guard`` False:
+    a learned model runs without its length guard (``ControllerConfig.forecaster_length_guard``)."""
     loaded = _load(path)
+    if not length_guard:
+        without_length_guard(loaded)
     settings = combination_config(combination)
     if settings is not None:
         loaded = with_combination(loaded, settings)
@@ -101,6 +108,16 @@ def _load(path: Path | None) -> Forecaster:
         log.info("forecaster %s was trained on %s only: the other channels are masked", ckpt.name, trained)
         return ChannelSubset(learned, trained)
     return learned
+
+
+def without_length_guard(forecaster: Forecaster) -> None:
+    """Switch off the length guard (``forecaster.lengths``) of the learned model in ``forecaster`` (itself or
+    inside ``ChannelSubset``); anything else is left as it is."""
+    from forecaster.inference import StreamingBase
+
+    inner = forecaster.inner if isinstance(forecaster, ChannelSubset) else forecaster
+    if isinstance(inner, StreamingBase):
+        inner.length_range = None
 
 
 def trained_channels(channels: Sequence[str], mean: Sequence[float], std: Sequence[float]) -> tuple[str, ...]:

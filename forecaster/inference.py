@@ -37,6 +37,7 @@ from forecaster.features import (
     encode_step_masked,
     level_offsets,
 )
+from forecaster.lengths import LengthRange, LengthState, guarded_mask, guarded_totals, length_range_of
 from forecaster.netconfig import NetConfig, parameter_shapes
 from forecaster.types import ForecastBatch
 
@@ -91,6 +92,8 @@ class StreamingBase:
         normalizer: Normalizer,
         horizon_s: float,
         model_version: str,
+        *,
+        length_range: LengthRange | None = None,
     ) -> None:
         qs = config.quantiles
         missing = [q for q in (0.5, 0.9) if q not in qs]
@@ -104,6 +107,8 @@ class StreamingBase:
         self.schema, self.normalizer = schema, normalizer
         self.horizon_s, self.model_version = float(horizon_s), model_version
         self._q50, self._q90 = qs.index(0.5), qs.index(0.9)
+        #: the length guard's training range (``forecaster.lengths``; None = unguarded)
+        self.length_range = length_range
         self.reset(())
 
     @property
@@ -122,6 +127,7 @@ class StreamingBase:
         self._desc = DescriptorState(n, self.schema)  # per-pool descriptors (schema v2); unused when none
         # trailing levels of the rate channels (schema v3, level-relative encoding); None when off
         self._level = LevelState(n, self.schema) if self.schema.level_relative else None
+        self._lengths = LengthState(n, self.schema.channels, self.schema.step_s)  # the length guard's
         self._reset_net(n)
 
     def ensure_nodes(self, node_ids: Sequence[str]) -> None:
@@ -132,10 +138,11 @@ class StreamingBase:
         if len(set(new_ids)) != len(new_ids):
             raise ValueError("ensure_nodes: node_ids contain duplicates")
         old = {nid: i for i, nid in enumerate(self._node_ids)}
-        since, desc, level, net, tick = (
+        since, desc, level, lengths, net, tick = (
             self._since_obs,
             self._desc,
             self._level,
+            self._lengths,
             self._net_state(),
             self._tick,
         )
@@ -150,12 +157,15 @@ class StreamingBase:
             if self._level is not None and level is not None:
                 self._level.sums[dst] = level.sums[src]
             self._since_obs[dst] = since[src]
+            self._lengths.keep(lengths, dst, src)
 
     def step(self, x: np.ndarray, mask: np.ndarray, now_s: float = math.nan) -> ForecastBatch:
         """Consume one step for every tracked node and forecast totals over ``(now_s, now_s + horizon_s]``.
 
         ``x``: ``[N, C]`` raw channels (NaN = unknown), ``mask``: ``[N, C]`` bool, rows in ``node_ids`` order;
-        ``now_s``: seconds since the Unix epoch (needed by the time-of-day features).
+        ``now_s``: seconds since the Unix epoch (needed by the time-of-day features). With a ``length_range``,
+        a node whose trailing mean lengths lie outside it is forecast from its arrivals alone
+        (``forecaster.lengths``).
         """
         n = len(self._node_ids)
         if np.shape(x) != (n, len(self.schema.channels)) or np.shape(mask) != np.shape(x):
@@ -163,6 +173,11 @@ class StreamingBase:
                 f"step: x {np.shape(x)} and mask {np.shape(mask)} must be [{n} tracked nodes, "
                 f"{len(self.schema.channels)} channels]; call ensure_nodes() when the node set changes"
             )
+        outside: np.ndarray | None = None
+        if self.length_range is not None:
+            lengths = self._lengths.update(x, mask)
+            outside = self.length_range.outside(lengths)
+            mask = guarded_mask(mask, outside, self.schema.channels)
         desc = self._desc.update(x, mask) if self.schema.descriptors else None
         levels = self._level.update(x, mask) if self._level is not None else None
         x_off, y_off = (
@@ -175,6 +190,8 @@ class StreamingBase:
         self._since_obs = np.where(ok.any(axis=1), 0, self._since_obs + 1)
         quantiles, burst = self._step_net(z)
         totals = decode_totals(quantiles, self.normalizer, y_off)
+        if outside is not None:
+            guarded_totals(totals, outside, lengths, self.schema.targets)
         stale = self._since_obs >= self.net_config.window
         totals[stale] = np.nan
         burst[stale] = np.nan
@@ -679,16 +696,25 @@ class NumpyLearnedForecaster(StreamingBase):
         normalizer: Normalizer,
         horizon_s: float,
         model_version: str,
+        *,
+        length_range: LengthRange | None = None,
     ) -> None:
         self.net = net
-        super().__init__(net.config, schema, normalizer, horizon_s, model_version)
+        super().__init__(net.config, schema, normalizer, horizon_s, model_version, length_range=length_range)
 
     @classmethod
     def from_data(
         cls, data: CheckpointData, *, dtype: type[np.floating[Any]] = np.float32, kernel: str = "auto"
     ) -> NumpyLearnedForecaster:
         net = NumpyNet(data.weights, data.net_config, dtype=dtype, kernel=kernel)
-        return cls(net, data.schema, data.normalizer, data.horizon_s, data.model_version)
+        return cls(
+            net,
+            data.schema,
+            data.normalizer,
+            data.horizon_s,
+            data.model_version,
+            length_range=length_range_of(data.meta),
+        )
 
     @classmethod
     def load(

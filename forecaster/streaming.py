@@ -40,6 +40,7 @@ from forecaster.features import (
     level_series,
 )
 from forecaster.inference import StreamingBase
+from forecaster.lengths import LengthRange, guarded_mask, guarded_totals, length_range_of, length_series
 from forecaster.network import LstmAttentionNet, Output, decode_quantiles
 
 
@@ -86,6 +87,7 @@ class LearnedForecaster(StreamingBase):
         model_version: str,
         *,
         num_threads: int | None = None,
+        length_range: LengthRange | None = None,
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -93,7 +95,7 @@ class LearnedForecaster(StreamingBase):
         with torch.no_grad():  # one matrix product for q, k and v (the weights are frozen for inference)
             self._w_qkv = torch.cat([net.q_proj.weight, net.k_proj.weight, net.v_proj.weight]).clone()
             self._b_qkv = torch.cat([net.q_proj.bias, net.k_proj.bias, net.v_proj.bias]).clone()
-        super().__init__(net.config, schema, normalizer, horizon_s, model_version)
+        super().__init__(net.config, schema, normalizer, horizon_s, model_version, length_range=length_range)
 
     @classmethod
     def from_checkpoint(cls, ckpt: LoadedCheckpoint, *, num_threads: int | None = None) -> LearnedForecaster:
@@ -104,6 +106,7 @@ class LearnedForecaster(StreamingBase):
             ckpt.horizon_s,
             ckpt.model_version,
             num_threads=num_threads,
+            length_range=length_range_of(ckpt.meta),
         )
 
     @classmethod
@@ -151,7 +154,8 @@ class LearnedForecaster(StreamingBase):
 
         ``x``/``mask``: ``[N, T, C]`` raw channels; ``times_s``: ``[T]`` seconds since the Unix epoch. Runs
         the network's full-sequence forward (much faster than T calls to ``step``); the streaming state is
-        not touched. Same NaN rule as ``step``: nothing observed in the last ``window`` steps → NaN.
+        not touched. Same NaN rule as ``step``: nothing observed in the last ``window`` steps → NaN; the same
+        length guard.
         """
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 3 or x.shape[-1] != len(self.schema.channels) or np.shape(mask) != x.shape:
@@ -161,6 +165,11 @@ class LearnedForecaster(StreamingBase):
         n, t = x.shape[:2]
         if node_ids is not None and len(node_ids) != n:
             raise ValueError(f"predict_sequence: {len(node_ids)} node_ids for {n} series")
+        outside: np.ndarray | None = None
+        if self.length_range is not None:
+            lengths = length_series(x, mask, self.schema.channels, self.schema.step_s)  # [N, T, 2]
+            outside = self.length_range.outside(lengths)
+            mask = guarded_mask(mask, outside, self.schema.channels)
         levels = level_series(x, mask, self.schema) if self.schema.level_relative else None
         x_off, y_off = (
             level_offsets(levels, self.schema, self.horizon_s) if levels is not None else (None, None)
@@ -184,6 +193,8 @@ class LearnedForecaster(StreamingBase):
                 out = self.net(torch.from_numpy(z))
                 q[lo:hi], logit[lo:hi] = out.quantiles.numpy(), out.burst_logit.numpy()
         totals = decode_quantiles(q, self.normalizer, y_off)
+        if outside is not None:
+            guarded_totals(totals, outside, lengths, self.schema.targets)
         totals[stale] = np.nan
         burst = 1.0 / (1.0 + np.exp(-logit))
         burst[stale] = np.nan

@@ -37,6 +37,7 @@ from forecaster.burst import (
 )
 from forecaster.combination import EXPERTS, QUANTILES, CombinationConfig, CombinedForecaster
 from forecaster.features import future_sums, series_from_trace, trace_inputs
+from forecaster.lengths import length_series
 from forecaster.scoring import ForecastScores, poisson_noise_floor, score_forecasts
 from forecaster.types import TARGETS, ForecastBatch, Forecaster
 from serving.workload.trace import Trace
@@ -161,6 +162,9 @@ class EvaluationResult:
     burst_detectors: dict[str, tuple[float, BurstScore]] = field(default_factory=dict)
     # the COMBINED row's settings and its mean expert weights over the scored seconds (None: no such row)
     combination: dict[str, Any] | None = None
+    # the learned model's length guard (forecaster.lengths) on this trace: its range, the scored seconds it
+    # hid the token channels on, the trace's trailing lengths there (None: no learned model or no range)
+    length_guard: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The ``--json`` document (NaN written as null)."""
@@ -191,6 +195,7 @@ class EvaluationResult:
             },
             "noise_floor_mae": None if math.isnan(self.noise_floor_mae) else self.noise_floor_mae,
             **({"combination": self.combination} if self.combination is not None else {}),
+            **({"length_guard": self.length_guard} if self.length_guard is not None else {}),
         }
 
 
@@ -401,6 +406,7 @@ def evaluate(
         learned, combination = cast("LearnedForecaster", learned.inner), learned.config
     lf = learned if learned is not None else _load_learned(checkpoint, use_default_checkpoint, horizon_s)
     weights: np.ndarray | None = None
+    guard: dict[str, Any] | None = None
     if lf is not None:
         x, mask = trace_inputs(ser, lf.schema)
         start_epoch_s = trace.start_time.timestamp() if trace.start_time is not None else 0.0
@@ -408,6 +414,7 @@ def evaluate(
         preds[LEARNED], comb, weights = series_fn(lf, x, mask, start_epoch_s, combination)
         if comb is not None:
             preds[COMBINED] = comb
+        guard = _length_guard_doc(lf, x, mask, scored)
 
     def masked(a: np.ndarray, m: np.ndarray) -> np.ndarray:
         return np.where(m, a, np.nan)
@@ -473,7 +480,31 @@ def evaluate(
         alarms_s=(al_scored + 1).astype(np.float64),
         burst_detectors={name: (t, b) for name, (t, _, b) in detectors.items()},
         combination=None if weights is None else _combination_doc(combination, weights[scored]),
+        length_guard=guard,
     )
+
+
+def _length_guard_doc(
+    lf: LearnedForecaster, x: np.ndarray, mask: np.ndarray, scored: np.ndarray
+) -> dict[str, Any] | None:
+    """The ``length_guard`` block of the JSON (``forecaster.lengths``): the checkpoint's range, the share of
+    scored seconds whose trailing lengths lay outside it (the network saw arrivals only there), and the
+    median trailing prompt and output lengths over the scored seconds. None for a checkpoint without a range."""
+    if lf.length_range is None:
+        return None
+    lengths = length_series(x, mask, lf.schema.channels, lf.schema.step_s)[scored]
+    outside = lf.length_range.outside(lengths)
+    known = np.isfinite(lengths).all(axis=-1)
+
+    def median(col: int) -> float | None:
+        return float(np.median(lengths[known, col])) if known.any() else None
+
+    return {
+        "range": lf.length_range.to_doc(),
+        "outside_share": float(outside.mean()) if len(outside) else 0.0,
+        "prompt_len_median": median(0),
+        "output_len_median": median(1),
+    }
 
 
 def _combination_doc(config: CombinationConfig | None, weights: np.ndarray) -> dict[str, Any]:
@@ -583,6 +614,16 @@ def _table(result: EvaluationResult) -> None:
         f"{b.alarms} alarms, recall {f(b.recall, 2)}, precision {f(b.precision, 2)}, "
         f"mean lead {f(b.mean_lead_s, 1)} s (window -{result.max_lead_s:g} s .. +{result.max_lag_s:g} s)"
     )
+    g = result.length_guard
+    if g is not None and g["outside_share"] > 0:
+        r = g["range"]
+        con.print(
+            f"length guard: on {g['outside_share']:.0%} of the scored seconds the trace's mean lengths (prompt"
+            f" {g['prompt_len_median'] or float('nan'):,.0f}, output {g['output_len_median'] or float('nan'):,.0f}"
+            f" tokens, medians) lay outside the checkpoint's training range (prompt {r['prompt'][0]:,.0f}-"
+            f"{r['prompt'][1]:,.0f}, output {r['output'][0]:,.0f}-{r['output'][1]:,.0f}): the learned model saw"
+            " arrivals only there, and its token forecasts are its arrival quantiles x those lengths"
+        )
 
 
 class OutputFormat(StrEnum):

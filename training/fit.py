@@ -28,7 +28,8 @@ from forecaster.features import (
     baseline_columns,
     frame_to_inputs,
 )
-from forecaster.types import MetricFrame
+from forecaster.lengths import training_length_range
+from forecaster.types import CHANNELS, MetricFrame
 from serving.workload.trace import Trace
 from training.augment import MaskingConfig, rate_scale, scale_tokens, superpose, thin, time_scale
 from training.data import (
@@ -234,6 +235,9 @@ def build_series(
         train += train_f
         val += val_f
         sources.append(info)
+    lengths = training_length_range(
+        [(s.x_raw, np.isfinite(s.x_raw)) for s in train], CHANNELS
+    )  # the length guard's range (forecaster.lengths): what the network will have seen
     summary = {
         "sources": sources,
         "train_series": len(train),
@@ -245,6 +249,7 @@ def build_series(
         "labels": asdict(labels),
         "augment": _jsonable(asdict(augment)),
         "seed": seed,
+        "length_range": None if lengths is None else lengths.to_doc(),
     }
     return SeriesSet(train=train, val=val, summary=summary)
 

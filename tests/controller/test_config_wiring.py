@@ -176,6 +176,7 @@ def test_config_check_accepts_and_summarises_the_three_options(tmp_path: Path) -
     assert "router drain before scale-down: chat -> http://chat-router.llm.svc; timeout 90 s" in result.output
     assert "onset burst detector: off" in result.output
     assert "online forecast combination: arrivals" in result.output
+    assert "forecaster length guard: on" in result.output
 
 
 def test_config_check_rejects_each_broken_option(tmp_path: Path) -> None:

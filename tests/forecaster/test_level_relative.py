@@ -28,6 +28,7 @@ from forecaster.features import (
 from forecaster.network import LstmAttentionNet
 from forecaster.streaming import LearnedForecaster
 from forecaster.types import CHANNELS, TARGETS
+from tests.support.forecast_series import rate_series, step_with_churn
 
 T0_S = 1.7e9
 SHIPPED = Path(__file__).resolve().parents[2] / "forecaster" / "checkpoints" / "default.safetensors"
@@ -36,16 +37,7 @@ SHIPPED = Path(__file__).resolve().parents[2] / "forecaster" / "checkpoints" / "
 def _series(
     n: int, t: int, seed: int, *, rate: float = 5.0, drop: float = 0.1
 ) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    x = np.full((n, t, len(CHANNELS)), np.nan)
-    a = rng.poisson(rate, size=(n, t)).astype(np.float64)
-    x[..., CHANNELS.index("arrival_rps")] = a
-    x[..., CHANNELS.index("prompt_tps")] = a * rng.gamma(4.0, 200.0, size=(n, t))
-    x[..., CHANNELS.index("gen_tps")] = a * rng.gamma(4.0, 50.0, size=(n, t))
-    x[..., CHANNELS.index("running")] = rng.gamma(2.0, 3.0, size=(n, t))
-    mask = np.isfinite(x) & (rng.random(x.shape) > drop)
-    x[~mask] = np.nan
-    return x, mask
+    return rate_series(n, t, seed, rate=rate, drop=drop)
 
 
 def test_schema_v3_layout_roundtrip_and_errors() -> None:
@@ -149,16 +141,7 @@ def test_streaming_equals_predict_sequence_with_node_churn() -> None:
     x, mask = _series(3, 30, 5, drop=0.3)
     times = T0_S + np.arange(30.0)
     seq = f.predict_sequence(x, mask, times)
-    f.reset(["a", "b", "c"])
-    for t in range(30):
-        if t == 13:
-            f.ensure_nodes(["c", "x", "a", "b"])
-        ids = f.node_ids
-        rows = [ids.index(k) for k in ("a", "b", "c")]
-        xx = np.full((len(ids), len(CHANNELS)), np.nan)
-        mm = np.zeros((len(ids), len(CHANNELS)), dtype=bool)
-        xx[rows], mm[rows] = x[:, t], mask[:, t]
-        out = f.step(xx, mm, T0_S + t)
+    for t, out, rows in step_with_churn(f, x, mask, 13, ["c", "x", "a", "b"]):
         for name, got in (("arrivals", out.arrivals_p50), ("gen_tokens", out.gen_tokens_p90)):
             q = 0.5 if name == "arrivals" else 0.9
             np.testing.assert_allclose(

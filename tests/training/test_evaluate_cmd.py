@@ -225,3 +225,43 @@ def test_cli_takes_the_trace_as_an_option_as_the_issue_spells_it(tmp_path: Path)
     assert neither.exit_code == 2 and "--trace FILE" in neither.output
     both = CliRunner().invoke(app, ["evaluate", str(src), "--trace", str(src), *args])
     assert both.exit_code == 2
+
+
+def test_the_length_guard_is_reported_and_only_engages_on_lengths_never_trained_on(tmp_path: Path) -> None:
+    """The shipped checkpoint records its training lengths (forecaster.lengths): on Azure-like lengths the
+    guard stays off (the JSON says 0 % of the seconds); on ~15,000-token prompts it hides the token channels,
+    says so in the table, and the token forecasts follow the arrivals (their MAE is far below the raw
+    network's, which reads a token rate it never saw)."""
+    app = typer.Typer()
+    app.command("evaluate")(evaluate_cmd)
+    app.command("noop")(lambda: None)
+    tr = _trace(600)
+    src = tmp_path / "short.csv"
+    _write_azure(tr, src)
+    args = ["--score-from", "+300", "--no-arima", "--no-combination"]
+    done = CliRunner().invoke(app, ["evaluate", str(src), "--json", str(tmp_path / "a.json"), *args])
+    assert done.exit_code == 0, done.output
+    guard = json.loads((tmp_path / "a.json").read_text())["length_guard"]
+    assert guard["outside_share"] == 0.0 and "length guard:" not in done.output
+    assert guard["range"]["prompt"][1] > 4000  # the shipped range: Azure code + conv x 0.5-2
+    long_ = Trace(**{**tr.__dict__, "prompt_tokens": tr.prompt_tokens * 0 + 15_000})
+    src = tmp_path / "long.csv"
+    _write_azure(long_, src)
+    done = CliRunner().invoke(app, ["evaluate", str(src), "--json", str(tmp_path / "b.json"), *args])
+    assert done.exit_code == 0, done.output
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["length_guard"]["outside_share"] == 1.0
+    assert doc["length_guard"]["prompt_len_median"] == pytest.approx(15_000)
+    assert "length guard: on 100% of the scored seconds" in " ".join(done.output.split())
+    from controller.forecasting import without_length_guard
+    from forecaster.streaming import LearnedForecaster
+    from training.evaluate import default_checkpoint
+
+    ckpt = default_checkpoint()
+    assert ckpt is not None
+    raw = LearnedForecaster.load(ckpt)
+    without_length_guard(raw)
+    unguarded = evaluate(long_, score_from="+300", with_arima=False, learned=raw, combination=None)
+    assert unguarded.length_guard is None
+    guarded_mae = doc["models"]["learned"]["prompt_tokens"]["mae"]
+    assert guarded_mae < 0.7 * unguarded.token_models["learned"]["prompt_tokens"].mae

@@ -9,6 +9,8 @@ import pytest
 
 from forecaster.checkpoint import load_checkpoint, read_metadata
 from forecaster.features import DEFAULT_SCHEMA
+from forecaster.lengths import length_range_of
+from forecaster.streaming import LearnedForecaster
 from serving.workload.synthetic import SyntheticParams, generate
 from serving.workload.trace import Trace
 from training.datamodule import WindowConfig, fit_normalizer
@@ -74,6 +76,10 @@ def test_fit_writes_a_loadable_checkpoint_with_the_training_summary(
     assert meta["run"]["epochs"] == 2
     assert np.isfinite(meta["run"]["best_val_loss"])
     assert ckpt.code_version["pdscale"]
+    # the length guard's range: the training series' trailing mean lengths (forecaster.lengths)
+    lengths = length_range_of(meta)
+    assert lengths is not None and 0 < lengths.prompt[0] < lengths.prompt[1]
+    assert LearnedForecaster.load(out / "forecaster.safetensors").length_range == lengths
 
 
 def test_normalizer_comes_from_the_training_series_only(fitted: Fitted) -> None:
@@ -102,6 +108,7 @@ def test_export_reproduces_the_fit_checkpoint(fitted: Fitted, tmp_path: Path) ->
     a = read_metadata(out / "forecaster.safetensors")
     b = read_metadata(tmp_path / "exported.safetensors")
     assert a["normalizer"] == b["normalizer"] and a["schema"] == b["schema"] and a["net"] == b["net"]
+    assert a["meta"]["length_range"] == b["meta"]["length_range"]
 
 
 def test_export_rejects_files_that_are_not_fit_checkpoints(tmp_path: Path) -> None:
