@@ -41,6 +41,7 @@ from controller.sources.prometheus import (
     query_range_chunked,
 )
 from forecaster.features import DEFAULT_SCHEMA, POOL_SCHEMA, FeatureError, FeatureSchema
+from forecaster.lengths import length_range_of
 from serving.sim import samples as names
 from serving.sim.samples import histogram_quantile
 
@@ -434,6 +435,15 @@ def judge_checkpoint(
         trained = trained_channel_names(doc["normalizer"])
     except (FeatureError, KeyError, TypeError, ValueError) as err:
         return Check(name, "fail", f"{path}: invalid metadata: {err}", "retrain or re-export the checkpoint")
+    try:
+        lengths = length_range_of(doc.get("meta"))
+    except FeatureError as err:
+        return Check(
+            name,
+            "fail",
+            f"{path}: invalid metadata: {err}",
+            f"record the range again (`python -m training.length_range {path} --write`) or retrain",
+        )
     # v2 (pool descriptors) and v3 (level-relative inputs) add inputs the forecaster computes itself
     computed_only = replace(schema, version=DEFAULT_SCHEMA.version, descriptors=(), level_halflife_s=0.0)
     diffs = [] if schema == POOL_SCHEMA or computed_only == DEFAULT_SCHEMA else DEFAULT_SCHEMA.diff(schema)
@@ -471,6 +481,13 @@ def judge_checkpoint(
                 "router in front of the pool), or retrain on the channels you have"
             )
     detail = f"{ident}: schema v{schema.version} matches; trained on {', '.join(trained) or 'no channel'}"
+    if lengths is not None:
+        detail += (
+            f"; length guard: prompts {lengths.prompt[0]:,.0f}-{lengths.prompt[1]:,.0f}, outputs"
+            f" {lengths.output[0]:,.0f}-{lengths.output[1]:,.0f} tokens per request"
+        )
+    else:
+        detail += "; no training length range (the length guard is off for it)"
     return Check(name, verdict, detail + ("; " + "; ".join(notes) if notes else ""), fix)
 
 

@@ -264,6 +264,20 @@ def test_the_shipped_checkpoint_matches_a_full_set_of_metrics(shipped: dict[str,
     check = judge_checkpoint(DEFAULT_CHECKPOINT, shipped, None, full_channels(), 1.0, is_default=True)
     assert check.verdict == "ok", check
     assert "trained on arrival_rps, prompt_tps, gen_tps" in check.detail
+    assert "length guard: prompts 130-5,786, outputs 15-1,031 tokens per request" in check.detail
+
+
+def test_the_length_range_is_checked(shipped: dict[str, Any], tmp_path: Path) -> None:
+    doc = copy.deepcopy(shipped)
+    del doc["meta"]["length_range"]
+    path = write_checkpoint(tmp_path / "old.safetensors", doc)
+    check = judge_checkpoint(path, read_checkpoint_header(path), None, None, 1.0, is_default=False)
+    assert check.verdict == "ok" and "no training length range" in check.detail
+    doc["meta"]["length_range"] = {"prompt": [1, 2]}
+    path = write_checkpoint(tmp_path / "bad.safetensors", doc)
+    check = judge_checkpoint(path, read_checkpoint_header(path), None, None, 1.0, is_default=False)
+    assert check.verdict == "fail" and "length_range.output" in check.detail
+    assert "training.length_range" in check.fix
 
 
 def test_a_trained_channel_without_its_metric_warns(shipped: dict[str, Any]) -> None:
