@@ -689,6 +689,9 @@ def evaluate_cmd(
     value ("combined", the JSON's "combination" gives each expert's mean weight), the Poisson noise floor (the best MAE possible if arrivals were
     Poisson), and burst-onset recall, precision and lead time (docs/FORECASTER.md defines all of them),
     also for the training-free onset detector and its max with the burst model (rows "onset", "...+onset").
+    A checkpoint that records the request lengths it was trained on (every fit does) forecasts the seconds
+    at which the trace's mean prompt or output length lies outside them from the arrivals alone, its token
+    forecasts being the arrival quantiles x those lengths; the JSON's "length_guard" says on how many.
 
     Example:
 
