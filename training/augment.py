@@ -9,6 +9,8 @@ new value; nothing is modified in place. Augmentations are applied to the *train
   thinning below 1, superposition of circularly shifted copies above 1).
 - ``superpose``: merge several traces into one node's traffic.
 - ``scale_tokens``: multiply prompt/output lengths by a random factor (other models, other users).
+- ``drift_tokens``: multiply them by slowly drifting factors (a length mix that changes while the arrivals
+  do not), so token rates are not read as a forecast of arrivals.
 - ``mask_channels``: hide whole channels or stretches of time (metrics outages, missing exporters).
 """
 
@@ -97,6 +99,39 @@ def scale_tokens(trace: Trace, prompt_factor: float, output_factor: float) -> Tr
         arrival_s=trace.arrival_s,
         prompt_tokens=np.maximum(1, np.rint(trace.prompt_tokens * prompt_factor)).astype(np.int64),
         output_tokens=np.maximum(1, np.rint(trace.output_tokens * output_factor)).astype(np.int64),
+        priority=trace.priority,
+        model=trace.model,
+        failed=trace.failed,
+        model_names=trace.model_names,
+        start_time=trace.start_time,
+        source=trace.source,
+        format=trace.format,
+    )
+
+
+def drift_tokens(trace: Trace, sigma: float, timescale_s: float, rng: np.random.Generator) -> Trace:
+    """Prompt and output lengths multiplied by ``exp(x(t))`` at each request's arrival ``t``, where ``x`` is a
+    stationary Ornstein-Uhlenbeck process (standard deviation ``sigma`` in log space, correlation time
+    ``timescale_s``), one for prompts and one for outputs, on a 1-s grid. The arrivals are unchanged: the
+    token rates move on their own, as a pool's length mix does when its users change."""
+    for name, value in (("sigma", sigma), ("timescale_s", timescale_s)):
+        if not np.isfinite(value) or value <= 0:
+            raise ValueError(f"drift_tokens: {name} must be a finite number > 0, got {value!r}")
+    if len(trace) == 0:
+        return trace
+    t0 = float(trace.arrival_s[0])
+    n = int(np.floor(float(trace.arrival_s[-1]) - t0)) + 2
+    a = float(np.exp(-1.0 / timescale_s))
+    from scipy.signal import lfilter
+
+    noise = rng.standard_normal((2, n)) * sigma * np.sqrt(1.0 - a * a)
+    noise[:, 0] = rng.standard_normal(2) * sigma  # start in the stationary law
+    x = lfilter([1.0], [1.0, -a], noise, axis=-1)
+    k = np.clip((trace.arrival_s - t0).astype(np.int64), 0, n - 1)
+    return Trace(
+        arrival_s=trace.arrival_s,
+        prompt_tokens=np.maximum(1, np.rint(trace.prompt_tokens * np.exp(x[0, k]))).astype(np.int64),
+        output_tokens=np.maximum(1, np.rint(trace.output_tokens * np.exp(x[1, k]))).astype(np.int64),
         priority=trace.priority,
         model=trace.model,
         failed=trace.failed,

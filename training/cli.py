@@ -336,6 +336,14 @@ def fit_cmd(
             "separately for prompts and outputs); e.g. 0.25,8 to cover prompts far longer than the traces'.",
         ),
     ] = "0.5,2",
+    token_drift: Annotated[
+        float,
+        typer.Option(
+            "--token-drift",
+            help="Also let each augmented copy's prompt and output lengths drift over time (log-space standard"
+            " deviation; 5-min correlation), so the network does not read token rates as arrivals; 0 = off.",
+        ),
+    ] = 0.0,
     horizon_s: Annotated[
         int, typer.Option("--horizon-s", help="Forecast horizon: totals over the next N seconds.")
     ] = 5,
@@ -490,6 +498,7 @@ def fit_cmd(
     augment = AugmentConfig(
         rate_range=(rates[0], rates[1]),
         token_range=(tokens[0], tokens[1]),
+        token_drift=token_drift,
         copies_per_source=copies,
         synthetic_traces=synthetic,
         synthetic_duration_s=synthetic_duration_s,

@@ -31,7 +31,15 @@ from forecaster.features import (
 from forecaster.lengths import training_length_range
 from forecaster.types import CHANNELS, MetricFrame
 from serving.workload.trace import Trace
-from training.augment import MaskingConfig, rate_scale, scale_tokens, superpose, thin, time_scale
+from training.augment import (
+    MaskingConfig,
+    drift_tokens,
+    rate_scale,
+    scale_tokens,
+    superpose,
+    thin,
+    time_scale,
+)
 from training.data import (
     NodeSeries,
     node_series_from_trace,
@@ -52,6 +60,9 @@ class AugmentConfig:
     ``rate_range`` (thinning / superposition of shifted copies) and prompt/output token factors in
     ``token_range``; with ``superpose_prob`` it is also merged with another source's training part.
     ``synthetic_traces`` bursty traces of ``synthetic_duration_s`` come from the workload generator.
+    ``token_drift`` > 0: each copy's lengths also drift over time (``training.augment.drift_tokens``, log-space
+    standard deviation ``token_drift``, correlation time ``token_drift_s``); 0 (the default) draws nothing
+    more, so the copies are those of a fit without it.
     """
 
     copies_per_source: int = 12
@@ -62,6 +73,8 @@ class AugmentConfig:
     synthetic_traces: int = 8
     synthetic_duration_s: float = 1800.0
     masking: MaskingConfig = field(default_factory=MaskingConfig)
+    token_drift: float = 0.0
+    token_drift_s: float = 300.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -73,6 +86,10 @@ class AugmentConfig:
             problems.append("copies_per_source and synthetic_traces must be >= 0")
         if not 0 <= self.superpose_prob <= 1:
             problems.append(f"superpose_prob must be in [0, 1], got {self.superpose_prob}")
+        if not (self.token_drift >= 0 and np.isfinite(self.token_drift)):
+            problems.append(f"token_drift must be >= 0 (0 = off), got {self.token_drift}")
+        if not (self.token_drift_s > 0 and np.isfinite(self.token_drift_s)):
+            problems.append(f"token_drift_s must be > 0 seconds, got {self.token_drift_s}")
         if problems:
             raise ValueError("AugmentConfig: " + "; ".join(problems))
 
@@ -152,7 +169,11 @@ def augmented_copies(
                     t = superpose([t, other], [0.0, float(t.arrival_s[0] - other.arrival_s[0])])
                     desc += f" +src{j}"
             if len(t) >= 2:
-                out.append((desc, scale_tokens(t, p_fac, o_fac)))
+                t = scale_tokens(t, p_fac, o_fac)
+                if config.token_drift > 0:
+                    t = drift_tokens(t, config.token_drift, config.token_drift_s, rng)
+                    desc += f" drift={config.token_drift:g}"
+                out.append((desc, t))
     return out
 
 

@@ -67,6 +67,8 @@ def recipe_length_range(meta: dict[str, Any], root: Path = ROOT) -> LengthRange 
         synthetic_traces=int(aug["synthetic_traces"]),
         synthetic_duration_s=float(aug["synthetic_duration_s"]),
         masking=masking,
+        token_drift=float(aug.get("token_drift", 0.0)),
+        token_drift_s=float(aug.get("token_drift_s", 300.0)),
     )
     traces: list[TraceSource] = []
     synthetic = None

@@ -13,6 +13,7 @@ from serving.workload.trace import Trace
 from training.augment import (
     MaskingConfig,
     circular_shift,
+    drift_tokens,
     mask_channels,
     rate_scale,
     scale_tokens,
@@ -146,6 +147,38 @@ def test_scale_tokens() -> None:
     assert out.output_tokens.min() >= 1
     with pytest.raises(ValueError, match="prompt_factor"):
         scale_tokens(tr, -1.0, 1.0)
+
+
+def test_drift_tokens_moves_lengths_slowly_and_leaves_arrivals() -> None:
+    tr = poisson_trace(20, 3000, 7)
+    tr = Trace.from_arrays(tr.arrival_s, np.full(len(tr), 1000), np.full(len(tr), 100), source="t")
+    out = drift_tokens(tr, 0.5, 300.0, np.random.default_rng(1))
+    np.testing.assert_array_equal(out.arrival_s, tr.arrival_s)
+    lp, lo = np.log(out.prompt_tokens / 1000.0), np.log(out.output_tokens / 100.0)
+    assert 0.3 < lp.std() < 0.7 and 0.3 < lo.std() < 0.7  # the stationary law's sigma, roughly (one path)
+    assert abs(np.corrcoef(lp, lo)[0, 1]) < 0.5  # prompts and outputs drift apart
+    near = np.abs(np.diff(lp)).mean()  # requests 0.05 s apart: almost the same factor
+    assert near < 0.05 * lp.std()
+    again = drift_tokens(tr, 0.5, 300.0, np.random.default_rng(1))
+    np.testing.assert_array_equal(again.prompt_tokens, out.prompt_tokens)
+    for bad in ({"sigma": 0.0}, {"timescale_s": -1.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            drift_tokens(tr, **{"sigma": 0.5, "timescale_s": 300.0, **bad}, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="token_drift must be >= 0"):
+        AugmentConfig(token_drift=-0.1)
+
+
+def test_augmented_copies_draw_nothing_more_without_drift() -> None:
+    tr = poisson_trace(5, 300, 6)
+    plain = augmented_copies([tr], AugmentConfig(copies_per_source=3), np.random.default_rng(0))
+    off = augmented_copies(
+        [tr], AugmentConfig(copies_per_source=3, token_drift=0.0), np.random.default_rng(0)
+    )
+    assert [d for d, _ in plain] == [d for d, _ in off]
+    on = augmented_copies([tr], AugmentConfig(copies_per_source=3, token_drift=0.5), np.random.default_rng(0))
+    assert all("drift=0.5" in d for d, _ in on)
+    np.testing.assert_array_equal(on[0][1].arrival_s, plain[0][1].arrival_s)  # the first copy's draws agree
+    assert not np.array_equal(on[0][1].prompt_tokens, plain[0][1].prompt_tokens)
 
 
 def test_mask_channels_hides_without_touching_input() -> None:
