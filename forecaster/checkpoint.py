@@ -167,6 +167,24 @@ def save_checkpoint(
     return version
 
 
+def update_meta(path: str | Path, updates: Mapping[str, Any]) -> None:
+    """Rewrite the checkpoint at ``path`` with ``updates`` merged into its ``meta`` (the training summary);
+    the tensors, ``model_version`` and every other field are unchanged. Atomic, as :func:`save_checkpoint`."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    doc, tensors = _read(path, weights=True)
+    doc["meta"] = {**dict(doc.get("meta") or {}), **updates}
+    try:
+        header = json.dumps(doc, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: metadata is not plain JSON ({e})") from e
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={_META_KEY: header})
+    tmp.chmod(0o644)
+    tmp.replace(path)
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """The checkpoint's metadata document without loading the weights."""
     path = Path(path)

@@ -114,15 +114,15 @@ def _columns(channels: Sequence[str]) -> list[int] | None:
 
 
 def _terms(x_raw: np.ndarray, mask: np.ndarray, cols: list[int], step_s: float) -> np.ndarray:
-    """``[..., C]`` → ``[..., 4]``: the per-step totals of arrivals, prompt and generation tokens where all
-    three are observed (else 0), then the arrivals again (counted, not decayed)."""
+    """``[..., C]`` → ``[..., 3]``: the per-step totals of arrivals, prompt and generation tokens where all
+    three are observed (else 0)."""
     v = np.asarray(x_raw, dtype=np.float64)[..., cols] * step_s
     with np.errstate(invalid="ignore"):
         ok = (np.asarray(mask, dtype=bool)[..., cols] & np.isfinite(v) & (v >= 0) & (v <= _MAX_RATE)).all(
             axis=-1
         )
-    v = np.where(ok[..., None], v, 0.0)
-    return np.concatenate([v, v[..., :1]], axis=-1)
+    out: np.ndarray = np.where(ok[..., None], v, 0.0)
+    return out
 
 
 def _lengths_from(sums: np.ndarray, counted: np.ndarray) -> np.ndarray:
@@ -148,8 +148,8 @@ class LengthState:
         if self.cols is None:
             return np.full((self.sums.shape[0], 2), np.nan)
         t = _terms(x_raw, mask, self.cols, self.step_s)
-        self.sums = self.decay * self.sums + (1.0 - self.decay) * t[..., :3]
-        self.counted = self.counted + t[..., 3]
+        self.sums = self.decay * self.sums + (1.0 - self.decay) * t
+        self.counted = self.counted + t[..., 0]  # requests counted, not decayed
         return _lengths_from(self.sums, self.counted)
 
     def keep(self, old: LengthState, dst: np.ndarray, src: np.ndarray) -> None:
@@ -171,8 +171,8 @@ def length_series(
         return np.full((*x_raw.shape[:-1], 2), np.nan)
     d = _decay(step_s)
     t = _terms(x_raw, mask, cols, step_s)
-    sums = np.asarray(lfilter([1.0 - d], [1.0, -d], t[..., :3], axis=-2))
-    return _lengths_from(sums, np.cumsum(t[..., 3], axis=-1))
+    sums = np.asarray(lfilter([1.0 - d], [1.0, -d], t, axis=-2))
+    return _lengths_from(sums, np.cumsum(t[..., 0], axis=-1))
 
 
 def guarded_mask(mask: np.ndarray, outside: np.ndarray, channels: Sequence[str]) -> np.ndarray:

@@ -17,7 +17,7 @@ new value; nothing is modified in place. Augmentations are applied to the *train
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -95,17 +95,17 @@ def scale_tokens(trace: Trace, prompt_factor: float, output_factor: float) -> Tr
     for name, value in (("prompt_factor", prompt_factor), ("output_factor", output_factor)):
         if not np.isfinite(value) or value <= 0:
             raise ValueError(f"scale_tokens: {name} must be a finite number > 0, got {value!r}")
-    return Trace(
-        arrival_s=trace.arrival_s,
+    return _with_lengths(trace, prompt_factor, output_factor)
+
+
+def _with_lengths(
+    trace: Trace, prompt_factor: float | np.ndarray, output_factor: float | np.ndarray
+) -> Trace:
+    """``trace`` with its lengths multiplied by the factors (one, or one per request), rounded, >= 1 token."""
+    return replace(
+        trace,
         prompt_tokens=np.maximum(1, np.rint(trace.prompt_tokens * prompt_factor)).astype(np.int64),
         output_tokens=np.maximum(1, np.rint(trace.output_tokens * output_factor)).astype(np.int64),
-        priority=trace.priority,
-        model=trace.model,
-        failed=trace.failed,
-        model_names=trace.model_names,
-        start_time=trace.start_time,
-        source=trace.source,
-        format=trace.format,
     )
 
 
@@ -128,18 +128,7 @@ def drift_tokens(trace: Trace, sigma: float, timescale_s: float, rng: np.random.
     noise[:, 0] = rng.standard_normal(2) * sigma  # start in the stationary law
     x = lfilter([1.0], [1.0, -a], noise, axis=-1)
     k = np.clip((trace.arrival_s - t0).astype(np.int64), 0, n - 1)
-    return Trace(
-        arrival_s=trace.arrival_s,
-        prompt_tokens=np.maximum(1, np.rint(trace.prompt_tokens * np.exp(x[0, k]))).astype(np.int64),
-        output_tokens=np.maximum(1, np.rint(trace.output_tokens * np.exp(x[1, k]))).astype(np.int64),
-        priority=trace.priority,
-        model=trace.model,
-        failed=trace.failed,
-        model_names=trace.model_names,
-        start_time=trace.start_time,
-        source=trace.source,
-        format=trace.format,
-    )
+    return _with_lengths(trace, np.exp(x[0, k]), np.exp(x[1, k]))
 
 
 @dataclass(frozen=True)

@@ -462,6 +462,10 @@ def fit_cmd(
     tokens = _float_list(token_range, "--token-range")
     if len(tokens) != 2 or not 0 < tokens[0] <= tokens[1]:
         raise typer.BadParameter(f"--token-range {token_range!r}: give LOW,HIGH with 0 < LOW <= HIGH")
+    if not (token_drift >= 0 and math.isfinite(token_drift)):
+        raise typer.BadParameter(
+            f"--token-drift {token_drift!r}: give a log-space standard deviation >= 0 (0 = off)"
+        )
     syn_rates = _float_list(synthetic_rate_range, "--synthetic-rate-range")
     if len(syn_rates) != 2 or not 0 < syn_rates[0] <= syn_rates[1]:
         raise typer.BadParameter(

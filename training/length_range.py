@@ -22,7 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from forecaster.checkpoint import CheckpointError, read_metadata
+import numpy as np
+
+from forecaster.checkpoint import CheckpointError, read_metadata, update_meta
 from forecaster.lengths import LengthRange, training_length_range
 from forecaster.types import CHANNELS
 
@@ -33,16 +35,12 @@ class RecipeError(ValueError):
     """A checkpoint whose training series cannot be rebuilt from its metadata; the message says why."""
 
 
-def _tuple(value: Any, name: str) -> tuple[float, float]:
-    if not (isinstance(value, list) and len(value) == 2):
-        raise RecipeError(f"meta.augment.{name} must be [low, high], got {value!r}")
-    return float(value[0]), float(value[1])
+def _fields(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()}
 
 
 def recipe_length_range(meta: dict[str, Any], root: Path = ROOT) -> LengthRange | None:
     """The range ``fit`` would have recorded: the checkpoint's training series rebuilt from ``meta``."""
-    import numpy as np
-
     from serving.workload.readers import read_trace
     from training.augment import MaskingConfig
     from training.cli import _synthetic_fn
@@ -52,24 +50,14 @@ def recipe_length_range(meta: dict[str, Any], root: Path = ROOT) -> LengthRange 
     try:
         aug, labels, seed = dict(meta["augment"]), dict(meta["labels"]), int(meta["seed"])
         sources = list(meta["sources"])
+        # the summary is asdict(AugmentConfig), its tuples written as JSON lists: read it back the same way
+        masking = MaskingConfig(**_fields(aug.pop("masking", {})))
+        augment = AugmentConfig(**_fields(aug), masking=masking)
+        label_config = LabelConfig(**labels)
     except (KeyError, TypeError, ValueError) as exc:
-        raise RecipeError(f"the checkpoint's meta lacks the recipe ({exc!r}): refit it") from exc
-    m = dict(aug.pop("masking", {}))
-    if "gap_len_s" in m:
-        m["gap_len_s"] = tuple(m["gap_len_s"])
-    masking = MaskingConfig(**m)
-    augment = AugmentConfig(
-        copies_per_source=int(aug["copies_per_source"]),
-        speed_range=_tuple(aug["speed_range"], "speed_range"),
-        rate_range=_tuple(aug["rate_range"], "rate_range"),
-        token_range=_tuple(aug["token_range"], "token_range"),
-        superpose_prob=float(aug["superpose_prob"]),
-        synthetic_traces=int(aug["synthetic_traces"]),
-        synthetic_duration_s=float(aug["synthetic_duration_s"]),
-        masking=masking,
-        token_drift=float(aug.get("token_drift", 0.0)),
-        token_drift_s=float(aug.get("token_drift_s", 300.0)),
-    )
+        raise RecipeError(
+            f"the checkpoint's meta does not hold a recipe this code reads ({exc}): refit it"
+        ) from exc
     traces: list[TraceSource] = []
     synthetic = None
     for src in sources:
@@ -92,23 +80,13 @@ def recipe_length_range(meta: dict[str, Any], root: Path = ROOT) -> LengthRange 
             )
         else:
             raise RecipeError(f"source kind {kind!r} ({src.get('source', '?')}) cannot be rebuilt: refit it")
-    series = build_series(
-        traces, labels=LabelConfig(**labels), augment=augment, synthetic=synthetic, seed=seed
-    )
+    series = build_series(traces, labels=label_config, augment=augment, synthetic=synthetic, seed=seed)
     return training_length_range([(s.x_raw, np.isfinite(s.x_raw)) for s in series.train], CHANNELS)
 
 
 def write_length_range(path: Path, lengths: LengthRange) -> None:
     """Rewrite ``path`` with ``meta.length_range`` set; tensors and every other field unchanged."""
-    from safetensors.numpy import load_file, save_file
-
-    doc = read_metadata(path)
-    doc.setdefault("meta", {})["length_range"] = lengths.to_doc()
-    tensors = load_file(str(path))
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"pdscale": json.dumps(doc, sort_keys=True, allow_nan=False)})
-    tmp.chmod(0o644)  # as save_checkpoint: a shipped checkpoint is read by other users
-    tmp.replace(path)  # atomic
+    update_meta(path, {"length_range": lengths.to_doc()})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -187,7 +187,7 @@ def test_writing_the_range_keeps_the_weights_and_the_model_version(tmp_path: Pat
     assert after.model_version == version and after.meta["note"] == "before the guard"
     assert all(np.array_equal(before.weights[k], after.weights[k]) for k in before.weights)
     assert LearnedForecaster.load(path).length_range == RANGE
-    with pytest.raises(RecipeError, match="lacks the recipe"):
+    with pytest.raises(RecipeError, match="does not hold a recipe"):
         recipe_length_range({"note": "x"})
     replay = {**read_metadata(SHIPPED)["meta"], "sources": [{"kind": "replay", "source": "mmpp"}]}
     with pytest.raises(RecipeError, match=r"'replay'.*refit it"):

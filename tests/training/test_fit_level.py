@@ -53,6 +53,8 @@ def test_tiny_level_relative_fit_loads_and_evaluates(tmp_path: Path) -> None:
         ["--token-range", "8,0.25"],
         ["--token-range", "0.25"],
         ["--token-range", "0,4"],
+        ["--token-drift", "-0.5"],
+        ["--token-drift", "nan"],
     ],
 )
 def test_bad_level_options_are_a_clear_error(flags: list[str], tmp_path: Path) -> None:
