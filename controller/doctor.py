@@ -756,10 +756,37 @@ def _sel(regex: str, extra: str = "") -> str:
     return "{" + f'__name__=~"{regex}"' + (f",{extra}" if extra else "") + "}"
 
 
-def fetch_inventory(prom: PromApi, labels: LabelMap) -> Inventory:
-    rows = {metric: _vector(prom, _sel(regex)) for metric, regex in INVENTORY.items()}
-    rows.update({old: _vector(prom, _sel(regex)) for old, regex in LEGACY.values()})
-    return build_inventory(rows, labels)
+INVENTORY_LOOKBACK_SCRAPES = 3  # a series counts as exported if it had a sample in this many tick intervals
+INVENTORY_MIN_LOOKBACK_S = 5.0
+
+
+def _series(prom: PromApi, selector: str, start_s: float, end_s: float) -> list[dict[str, Any]]:
+    """The series API's label sets for ``selector`` in [start_s, end_s], as instant-query rows
+    (``{"metric": labels}``); ``DoctorError`` when the API is missing or answers something else."""
+    data = prom.get("series", {"match[]": selector, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"})
+    if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+        raise DoctorError(f"series {selector!r}: expected a list of label sets, got {str(data)[:200]}")
+    return [{"metric": row} for row in data]
+
+
+def fetch_inventory(
+    prom: PromApi, labels: LabelMap, end_s: float | None = None, lookback_s: float = INVENTORY_MIN_LOOKBACK_S
+) -> Inventory:
+    """Which instances export which vLLM metric: the series that had a sample in the last ``lookback_s``
+    before ``end_s`` (the series API), so one failed scrape, whose stale markers end every series of the
+    target at once, does not read as a metric nobody exports. Without ``end_s``, or where the series API
+    is missing or answers otherwise (some Prometheus-compatible stores), one instant query per metric."""
+    selectors = {metric: _sel(regex) for metric, regex in INVENTORY.items()}
+    selectors.update({old: _sel(regex) for old, regex in LEGACY.values()})
+    if end_s is not None:
+        try:
+            start_s = end_s - lookback_s
+            return build_inventory(
+                {m: _series(prom, sel, start_s, end_s) for m, sel in selectors.items()}, labels
+            )
+        except DoctorError:
+            pass  # the instant queries below
+    return build_inventory({m: _vector(prom, sel) for m, sel in selectors.items()}, labels)
 
 
 def _by_member(rows: Iterable[Mapping[str, Any]], labels: LabelMap) -> dict[Member, float]:
@@ -1190,7 +1217,8 @@ def _prometheus_checks(
         checks.append(judge_reachable(prom.url, None, str(err)))
         return None, window
     try:
-        inventory = fetch_inventory(prom, inputs.labels)
+        lookback_s = max(INVENTORY_LOOKBACK_SCRAPES * inputs.tick_s, INVENTORY_MIN_LOOKBACK_S)
+        inventory = fetch_inventory(prom, inputs.labels, window.end_s, lookback_s)
     except DoctorError as err:
         checks.append(Check("vllm metrics", "fail", str(err), "check the Prometheus query API"))
         return None, window

@@ -137,6 +137,7 @@ class PlantedExporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Planted(fleet, time.time()))
         registry = self.registry
+        self.failing = failing = threading.Event()  # set: every scrape gets HTTP 500 (a failed scrape)
         render = generate_openmetrics if openmetrics else generate_latest
         ctype = (
             "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -146,6 +147,9 @@ class PlantedExporter:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if failing.is_set():
+                    self.send_error(500, "planted scrape failure")
+                    return
                 body = render(registry)
                 self.send_response(200)
                 self.send_header("Content-Type", ctype)
@@ -373,6 +377,36 @@ def test_long_scrape_interval_fails(prometheus_bin: str, live: Live) -> None:
     scrape = checks[("scrape interval", "")]
     assert scrape.verdict == "fail"
     assert "vllm=30s" in scrape.detail and "scrape_interval" in scrape.fix
+
+
+def test_one_failed_scrape_does_not_read_as_metrics_nobody_exports(prometheus_bin: str) -> None:
+    """A failed scrape ends every series of its target at once (stale markers): an instant query then finds
+    none of them. The inventory reads the series of the last few scrapes instead (CI once saw the healthy
+    pool's TTFT histogram "not exported" after a scrape timed out on a loaded machine)."""
+    from controller.doctor import fetch_inventory
+    from controller.settings import LabelMap
+
+    exporter = PlantedExporter(FLEET[:2])
+    try:
+        job = ScrapeJob("vllm", (exporter.target,), scrape_interval_s=1.0, honor_labels=True)
+        with PrometheusServer(prometheus_bin, [job]) as prom:
+            prom.wait_for_query("vllm:time_to_first_token_seconds_count", timeout_s=20.0)
+            exporter.failing.set()
+            prom.wait_for_query('up{job="vllm"} == 0', timeout_s=10.0)
+            # stale markers: gone from instant queries
+            assert prom.query("vllm:time_to_first_token_seconds_count") == []
+            api = PromHttp(prom.url)
+            try:
+                inventory = fetch_inventory(api, LabelMap(), time.time(), lookback_s=5.0)
+                instant = fetch_inventory(api, LabelMap())
+            finally:
+                api.close()
+    finally:
+        exporter.close()
+    ttft = {m.instance for m in inventory.present["vllm:time_to_first_token_seconds"]}
+    assert ttft == {"healthy-p0", "healthy-d0"}
+    assert inventory.pools() == ("healthy",)
+    assert instant.pools() == ()  # what the doctor read before: nothing exported
 
 
 def test_unreachable_prometheus_fails_and_the_rest_still_runs(tmp_path: Path) -> None:
