@@ -128,6 +128,23 @@ def jittered_bursts(
 ) -> list[Piece]:
     """``base_rps`` with bursts of ``factor`` × base lasting U(burst_s); between bursts gap_min_s + Exp(gap_mean_s)
     seconds (no period); starts with a gap."""
+    return random_bursts(
+        duration_s, base_rps, lambda _: factor, burst_s, gap_min_s, gap_mean_s, lengths, seed
+    )
+
+
+def random_bursts(
+    duration_s: float,
+    base_rps: float,
+    factor: Callable[[np.random.Generator], float],
+    burst_s: tuple[float, float],
+    gap_min_s: float,
+    gap_mean_s: float,
+    lengths: Lengths,
+    seed: int,
+) -> list[Piece]:
+    """``jittered_bursts`` with each burst's factor drawn by ``factor(rng)`` after its length (a constant draws
+    nothing, so ``jittered_bursts`` keeps its requests)."""
     rng = np.random.default_rng(seed)
     pieces: list[Piece] = []
     t = 0.0
@@ -138,7 +155,7 @@ def jittered_bursts(
         if t >= duration_s:
             break
         on = min(rng.uniform(*burst_s), duration_s - t)
-        pieces.append(Piece(on, base_rps * factor, lengths))
+        pieces.append(Piece(on, base_rps * factor(rng), lengths))
         t += on
     return [p for p in pieces if p.duration_s > 0]
 

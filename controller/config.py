@@ -644,6 +644,24 @@ class PolicyConfig(BaseModel):
     scale_down_delay_s: float = Field(
         60.0, ge=0.0, le=86400.0, description="no scale-down until the target has been lower for this long"
     )
+    silence_hold_s: float = Field(
+        120.0,
+        ge=0.0,
+        le=86400.0,
+        description=(
+            "a pool whose arrivals stop dead (none for 10 s or more where its rate over the minute before made"
+            " 20 expected, and that minute's per-tick counts were no more than 2x overdispersed: a steady stream,"
+            " not a burst's tail; controller.policy.stages.sudden_silence) is read like incomplete data for up"
+            " to this long from the silence's start, while no request waits: it may scale up, never down."
+            " Traffic that falls does not stop"
+            " within a second; traffic cut off upstream does, and comes back with its retries on top"
+            " (s18_outage_retry: 6 req/s, 60 s of nothing, then 18 req/s: 83.49 -> 99.61 % SLO). The default is"
+            " one cold start (provision_lead_s): an outage up to about that long is back before released"
+            " capacity could be rebuilt; a longer hold covers longer outages and costs that long of the fleet"
+            " after traffic that really stopped (on/off with 20-min silences: +5.3 % GPU-s at 120 s, +18.6 % at"
+            " 300). 0 = off (session 17's policy). docs/OPERATIONS.md 7.26"
+        ),
+    )
     young_hold_s: float = Field(
         240.0,
         ge=0.0,

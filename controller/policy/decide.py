@@ -32,6 +32,11 @@ class PolicyContext:
     slo_itl_ms: float
 
 
+def _same_time(a: float, b: float) -> bool:
+    """Equal times, NaN (none) equal to NaN."""
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
 def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, PoolState]:
     """One tick's decision for one pool: a plan, or None ("no opinion") when the load is unknown.
 
@@ -66,6 +71,18 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     # the trend reads the history's arrays, packed from the last tick's with the new row (the same values)
     packed = stages.packed_rates(history, state.rate_packed)
     state = evolve(state, rate_history=history, rate_packed=packed)
+    silent, silent_since, why_silent = stages.sudden_silence(
+        history,
+        obs.now_s,
+        obs.arrival_rps,
+        state.silent_since_s,
+        cfg.silence_hold_s,
+        queued=obs.waiting_requests > 0,  # NaN (unknown) compares False: the other rules guard unknown data
+    )
+    if not _same_time(silent_since, state.silent_since_s):
+        state = evolve(state, silent_since_s=silent_since)
+    if why_silent:
+        reasons.append(why_silent)
     factor, why_trend = stages.trend_from_rates(
         *stages.known_rates(packed),
         obs.now_s,
@@ -174,7 +191,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             obs.now_s,
             cfg,
             state.roles.get(role, RoleHistory()),
-            can_scale_down=obs.complete,
+            can_scale_down=obs.complete and not silent,
             fast_up=obs.standby.get(role, 0),
             hold_s=young.hold_s.get(role, hold_s),
             cold_persist_s=waits[role],

@@ -1631,6 +1631,87 @@ def mark_projected(
     return (*marks[:-1], (start, min(marks[-1][1], factor)))
 
 
+SILENCE_MIN_S = 10.0  # a silence is read only after this long without an arrival
+SILENCE_BEFORE_S = 60.0  # the rate the silence is judged against: the mean over this long before it began
+# the arrivals that rate makes expected over the silence, at least: no arrival at all is then implausible as
+# chance (Poisson: e^-20 ~ 2e-9; bursty traffic's gaps are far likelier than Poisson's, hence the margin)
+SILENCE_MIN_EXPECTED = 20.0
+# and the stream before it was steady: its per-tick counts no more overdispersed than this (variance / mean; 1
+# for Poisson, whose sample index over 60 one-second ticks has a standard error of ~0.18). A burst's tail falls
+# silent as a matter of course: the bundled Azure code trace has 25 silences of 10-173 s that pass the two tests
+# above, with an index of 3.4-17.9 over the minute before each; s18_outage_retry's outage follows one of 1.3.
+SILENCE_MAX_DISPERSION = 2.0
+SILENCE_MIN_COVERAGE = 0.8  # the samples before the silence span at least this share of SILENCE_BEFORE_S
+
+
+def sudden_silence(
+    history: tuple[tuple[float, float], ...],
+    now_s: float,
+    arrival_rps: float,
+    since_s: float,
+    hold_s: float,
+    queued: bool = False,
+) -> tuple[bool, float, str | None]:
+    """Whether the pool's arrivals have stopped dead: none for at least ``SILENCE_MIN_S`` where the rate before
+    made that implausible (``SILENCE_MIN_EXPECTED`` arrivals expected at the mean rate of the
+    ``SILENCE_BEFORE_S`` before it, whose per-tick counts were no more than ``SILENCE_MAX_DISPERSION``
+    overdispersed: a steady stream, not a burst's tail). Traffic that falls does not stop within a second; traffic cut off upstream
+    does (a gateway, the network, a client fleet down), and it comes back with its retries on top (a retry
+    storm: s18_outage_retry, 6 req/s, 60 s of nothing, then 18 req/s). While silent (at most ``hold_s`` from
+    its start) the pool is read like incomplete data: it may scale up, never down.
+
+    ``history``: the (time, arrival rate) samples the trend stage keeps, this tick's included; ``since_s``: when
+    the current silence began (``PoolState.silent_since_s``; NaN = none). Returns (silent now, the new
+    ``since_s``, a reason while silent). ``hold_s`` 0: never silent. An unknown rate changes nothing.
+    ``queued``: requests wait in the pool; it is then not silent (a backlog is still being served, and what it
+    needs is the other stages' to judge: the end of an overloaded sinusoid's trace is no outage to hold
+    through), though the silence's start is still kept."""
+    if hold_s <= 0:
+        return False, math.nan, None
+    if not _known(arrival_rps):
+        silent = math.isfinite(since_s) and now_s - since_s < hold_s
+        return silent, since_s, None
+    if arrival_rps > 0:
+        return False, math.nan, None
+    if not math.isfinite(since_s):
+        since_s = _silence_start(history, now_s)
+        if not math.isfinite(since_s):
+            return False, math.nan, None
+    if now_s - since_s >= hold_s or queued:
+        return False, since_s, None  # held long enough: the load has gone (kept, so it is not read again)
+    return (
+        True,
+        since_s,
+        f"silence: no arrival for {now_s - since_s:.0f} s after a steady stream (an outage upstream?):"
+        f" no scale-down for {hold_s - (now_s - since_s):.0f} s more",
+    )
+
+
+def _silence_start(history: tuple[tuple[float, float], ...], now_s: float) -> float:
+    """When the zero run at the end of ``history`` began (the time of the last sample with arrivals), if it
+    is a sudden silence (``sudden_silence``'s test); NaN otherwise."""
+    i = len(history)
+    while i > 0 and history[i - 1][1] <= 0:
+        i -= 1
+    if i == 0:
+        return math.nan
+    start = history[i - 1][0]
+    silence_s = now_s - start
+    if silence_s < SILENCE_MIN_S:
+        return math.nan
+    times = [t for t, _ in history[:i] if start - t < SILENCE_BEFORE_S]
+    before = [r for t, r in history[:i] if start - t < SILENCE_BEFORE_S]
+    span_s = times[-1] - times[0]
+    if len(before) < 3 or span_s < SILENCE_MIN_COVERAGE * SILENCE_BEFORE_S:
+        return math.nan  # too little seen before it to call the stream steady
+    rate = sum(before) / len(before)
+    if rate * silence_s < SILENCE_MIN_EXPECTED:
+        return math.nan
+    tick_s = span_s / (len(before) - 1)
+    variance = sum((r - rate) ** 2 for r in before) / (len(before) - 1)
+    return start if variance * tick_s / rate <= SILENCE_MAX_DISPERSION else math.nan
+
+
 def _idle_need(need: tuple[float, float]) -> bool:
     """The measured load needs nothing: no prompt arriving or prefilling, nothing generating."""
     return need[0] <= 0.0 and need[1] <= 0.0

@@ -228,6 +228,8 @@ class PoolState:
     burst_runs: tuple[tuple[float, float], ...] = ()
     # when the current stretch of nil measured load began (NaN = the load needs something; stages.idle_stretch)
     idle_since_s: float = math.nan
+    # when the current sudden silence began (stages.sudden_silence; PolicyConfig.silence_hold_s); NaN = none
+    silent_since_s: float = math.nan
     # where idle pauses were cut out of the burst history (stages.resume_history), in its moved time
     pauses: tuple[float, ...] = ()
     # the arrival forecast's coverage tracking (controller.policy.calibration; PolicyConfig.arrival_calibration)

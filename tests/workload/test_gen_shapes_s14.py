@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from serving.workload.readers import read_trace
 from serving.workload.trace import Trace
 from tests.support.bench import load_bench
+from tests.support.shapes import assert_written_and_read_back
 
 gen = load_bench("gen_shapes_s14")
 L = gen.Lengths(1000.0, 200.0)
@@ -34,16 +35,7 @@ def _rate(t: Trace, t0: float, t1: float) -> float:
 def test_every_shape_is_written_and_read_back_whole(
     tmp_path: Path, shapes: dict[str, tuple[str, Trace]]
 ) -> None:
-    assert gen.main(["--out", str(tmp_path)]) == 0
-    files = sorted(p.stem for p in tmp_path.glob("s14_*.csv"))
-    assert files == sorted(shapes) and len(files) == 10
-    for name, (_, trace) in shapes.items():
-        back = read_trace(tmp_path / f"{name}.csv")
-        assert len(back) == len(trace), name
-        assert np.allclose(back.arrival_s, trace.arrival_s - trace.arrival_s[0], atol=1e-3), name
-        assert back.prompt_tokens.tolist() == trace.prompt_tokens.tolist(), name
-        assert back.output_tokens.tolist() == trace.output_tokens.tolist(), name
-        assert 25 * 60 <= back.duration_s <= 40 * 60, (name, back.duration_s)
+    assert_written_and_read_back(gen, tmp_path, shapes, "s14_", 10)
 
 
 def test_a_seed_gives_the_same_requests_and_another_seed_others(shapes: dict[str, tuple[str, Trace]]) -> None:
