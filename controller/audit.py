@@ -75,6 +75,7 @@ def decision_record(
             "standby_decode": plan.standby_decode,
             "buffer_seqs": plan.buffer_seqs,
             "degrade": plan.degrade,
+            "silent": plan.silent,
         },
         "reasons": list(decision.reasons),
         "applied": None

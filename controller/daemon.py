@@ -157,6 +157,7 @@ class Daemon:
         self._stop = threading.Event()
         self._elector_failures = 0
         self._degraded: set[str] = set()
+        self._silent: set[str] = set()
         self._closers: list[tuple[str, Callable[[], None]]] = []
         if telemetry is not None:
             telemetry.set_forecaster(forecaster.name, forecaster_fallback is not None)
@@ -297,6 +298,7 @@ class Daemon:
                 complete = decision.observation.complete
                 self.telemetry.pool_decision(name, decision.plan, decision.forecast, complete)
             self._note_degrade(name, decision)
+            self._note_silence(name, decision)
             if decision.vanished:
                 log.warning(
                     "pool %s: instances vanished from the scrape: %s; no scale-down on this tick",
@@ -334,23 +336,36 @@ class Daemon:
 
     def _note_degrade(self, pool: str, decision: PoolDecision) -> None:
         """Say it once when demand goes beyond max replicas (degradation) and once when it is lifted."""
-        if decision.plan is None:
-            return
-        if decision.plan.degrade and pool not in self._degraded:
-            self._degraded.add(pool)
-            log.warning(
-                "pool %s: demand beyond max replicas: degrading (%s)",
-                pool,
-                "; ".join(r for r in decision.reasons if r.startswith(("degrade", "need"))),
-                extra={"event": "degrade", "pool": pool, "degrade": True},
-            )
-        elif not decision.plan.degrade and pool in self._degraded:
-            self._degraded.discard(pool)
-            log.info(
-                "pool %s: degradation lifted",
-                pool,
-                extra={"event": "degrade", "pool": pool, "degrade": False},
-            )
+        if decision.plan is not None:
+            why = "; ".join(r for r in decision.reasons if r.startswith(("degrade", "need")))
+            self._note_flag(
+                pool, decision.plan.degrade, self._degraded, ("degrade", "degrade"),
+                f"demand beyond max replicas: degrading ({why})", "degradation lifted",
+            )  # fmt: skip
+
+    def _note_silence(self, pool: str, decision: PoolDecision) -> None:
+        """Say it once when a pool's arrivals stop dead (the policy holds its capacity: an outage upstream?) and
+        once when the hold ends."""
+        if decision.plan is not None:
+            why = next((r for r in decision.reasons if r.startswith("silence")), "arrivals stopped dead")
+            self._note_flag(
+                pool, decision.plan.silent, self._silent, ("silence", "silent"), why,
+                "silence hold over (arrivals are back, a queue waits, or the hold ran out)",
+            )  # fmt: skip
+
+    @staticmethod
+    def _note_flag(
+        pool: str, on: bool, held: set[str], event: tuple[str, str], started: str, ended: str
+    ) -> None:
+        """A warning when ``pool``'s flag turns on, an info line when it turns off: ``event`` is the log event's
+        name and the field that carries the flag; ``held`` remembers the pools whose flag is on."""
+        name, flag = event
+        if on and pool not in held:
+            held.add(pool)
+            log.warning("pool %s: %s", pool, started, extra={"event": name, "pool": pool, flag: True})
+        elif not on and pool in held:
+            held.discard(pool)
+            log.info("pool %s: %s", pool, ended, extra={"event": name, "pool": pool, flag: False})
 
     def _log_decision(
         self, now_s: float, d: PoolDecision, outcome: ApplyResult | None, skipped: str | None, leader: bool

@@ -56,6 +56,12 @@ class Telemetry:
             p + "current_replicas", "Replicas the cluster is set to (spec)", ["pool", "role"], registry=r
         )
         self.degraded = Gauge(p + "degraded", "1 while demand exceeds max replicas", ["pool"], registry=r)
+        self.silence_hold = Gauge(
+            p + "silence_hold",
+            "1 while a pool's arrivals have stopped dead after a steady stream (an outage upstream?): no scale-down",
+            ["pool"],
+            registry=r,
+        )
         self.decisions = Counter(
             p + "decisions", "Decisions by outcome (plan / no_opinion)", ["pool", "outcome"], registry=r
         )
@@ -164,6 +170,7 @@ class Telemetry:
             self.target_replicas.labels(pool=pool, role=role, tier="active").set(plan.count(role))
             self.target_replicas.labels(pool=pool, role=role, tier="standby").set(plan.standby(role))
         self.degraded.labels(pool=pool).set(1.0 if plan.degrade else 0.0)
+        self.silence_hold.labels(pool=pool).set(1.0 if plan.silent else 0.0)
 
     def serving_counters(self, samples: InstanceSamples) -> None:
         """Mirror the serving side's tail-request counters per pool (absent metric: gauge left as it was)."""

@@ -239,6 +239,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
         standby_decode=standby_target["decode"],
         buffer_seqs=buffer_seqs,
         degrade=degrade,
+        silent=silent,
         reasons=tuple(reasons),
     )
     return plan, state
@@ -552,6 +553,7 @@ def _with_count(plan: ScalingPlan, field: str, value: int, reason: str) -> Scali
         standby_decode=counts["standby_decode"],
         buffer_seqs=plan.buffer_seqs,
         degrade=plan.degrade,
+        silent=plan.silent,
         reasons=(*plan.reasons, reason),
     )
 

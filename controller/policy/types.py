@@ -97,6 +97,7 @@ class ScalingPlan:
     standby_decode: int
     buffer_seqs: int = 0  # sequence capacity reserved on active decode instances
     degrade: bool = False  # demand beyond max replicas: degradation active
+    silent: bool = False  # arrivals stopped dead: no scale-down (stages.sudden_silence, silence_hold_s)
     reasons: tuple[str, ...] = ()
 
     def count(self, role: str) -> int:

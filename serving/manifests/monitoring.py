@@ -101,6 +101,15 @@ def alert_rules() -> Obj:
             "Demand of pool {{ $labels.pool }} exceeds its maximum replicas",
             "The controller is at max replicas and degrading; raise max_prefill/max_decode or the GPU budget.",
         ),
+        _alert(
+            "PdscaleTrafficStoppedDead",
+            "max by (pool) (pdscale_controller_silence_hold) == 1",
+            "30s",
+            "warning",
+            "Requests to pool {{ $labels.pool }} stopped dead after a steady stream",
+            "Nothing reaches the pool: check the gateway, router and clients upstream. The controller holds the"
+            " pool's capacity for the retries (policy.silence_hold_s) and releases it if the traffic stays away.",
+        ),
     ]
     return {
         "groups": [

@@ -135,6 +135,39 @@ def test_a_burst_beyond_max_degrades_then_recovers(caplog: pytest.LogCaptureFixt
     assert [r.degrade for r in events(caplog, "degrade")] == [True, False]  # type: ignore[attr-defined]
 
 
+def test_traffic_that_stops_dead_holds_the_pool_with_a_log_line_and_a_metric(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    from controller.audit import AuditLog, read_audit
+
+    clock = VirtualClock()
+    source = ScriptedSource(prompt_tps=60_000.0, arrival_rps=60.0)
+    state = cluster()
+    caplog.set_level(logging.INFO)
+    with AuditLog(tmp_path / "audit.jsonl") as audit:
+        policy = PolicyConfig(standby_decode=0, silence_hold_s=120.0)
+        daemon = make_daemon(source, state, clock, policy=policy, audit=audit)
+        ticks(daemon, clock, 80)  # a steady minute and more
+        before = state.current("a").role("prefill").replicas
+        assert before > 1 and metric(daemon, "pdscale_controller_silence_hold", pool="a") == 0
+        source.prompt_tps, source.gen_tps, source.arrival_rps, source.running = (
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+        )  # the outage
+        ticks(daemon, clock, 100)  # past the 60-s scale-down window, inside the hold
+        assert state.current("a").role("prefill").replicas == before
+        assert metric(daemon, "pdscale_controller_silence_hold", pool="a") == 1
+        (start,) = events(caplog, "silence")
+        assert start.silent and "no arrival" in start.getMessage()  # type: ignore[attr-defined]
+        ticks(daemon, clock, 40)  # the hold runs out (what the pool keeps then is the other stages' business)
+        assert metric(daemon, "pdscale_controller_silence_hold", pool="a") == 0
+        assert [r.silent for r in events(caplog, "silence")] == [True, False]  # type: ignore[attr-defined]
+    silent = [bool(e["plan"] and e["plan"]["silent"]) for e in read_audit(tmp_path / "audit.jsonl")]
+    assert not any(silent[:80]) and all(silent[100:175]) and not any(silent[-20:])
+
+
 # -- Kubernetes ---------------------------------------------------------------------------------
 
 

@@ -34,7 +34,7 @@ def test_the_shipped_rule_files_pass_promtool_check(promtool: str, tmp_path: Pat
     (tmp_path / "cm-rules.yaml").write_text(cm["data"]["pdscale-rules.yaml"])
     done = _run(promtool, "check", "rules", "rules.yaml", "cm-rules.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 6 rules found" in done.stdout
+    assert "SUCCESS: 7 rules found" in done.stdout
 
 
 def test_promtool_check_rejects_a_broken_expression(promtool: str, tmp_path: Path) -> None:
@@ -170,6 +170,11 @@ def _tests() -> list[dict[str, Any]]:
                 {"series": 'pdscale_controller_is_leader{instance="c0"}', "values": "1 1 0 0 0 0 0 0"},
                 {"series": 'pdscale_controller_is_leader{instance="c1"}', "values": "0x7"},
                 {"series": 'pdscale_controller_degraded{pool="a", instance="c0"}', "values": "1x10"},
+                {
+                    "series": 'pdscale_controller_silence_hold{pool="a", instance="c0"}',
+                    "values": "0 0 1 1 1 0 0",
+                },
+                {"series": 'pdscale_controller_silence_hold{pool="b", instance="c0"}', "values": "0x7"},
             ],
             "alert_rule_test": [
                 {"eval_time": "3m", "alertname": "PdscaleControllerNoLeader", "exp_alerts": []},
@@ -183,6 +188,13 @@ def _tests() -> list[dict[str, Any]]:
                     "alertname": "PdscaleControllerDegraded",
                     "exp_alerts": [{"exp_labels": {"severity": "warning", "pool": "a", **TEAM}}],
                 },
+                {"eval_time": "1m", "alertname": "PdscaleTrafficStoppedDead", "exp_alerts": []},
+                {
+                    "eval_time": "3m",
+                    "alertname": "PdscaleTrafficStoppedDead",
+                    "exp_alerts": [{"exp_labels": {"severity": "warning", "pool": "a", **TEAM}}],
+                },
+                {"eval_time": "6m", "alertname": "PdscaleTrafficStoppedDead", "exp_alerts": []},
             ],
         },
     ]
