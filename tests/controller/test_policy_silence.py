@@ -96,6 +96,15 @@ def test_a_waiting_queue_suspends_the_hold_but_keeps_the_start() -> None:
     assert stages.sudden_silence(history, 80.0, 0.0, since, HOLD)[:2] == (True, 59.0)
 
 
+def test_a_silence_older_than_the_history_is_judged_once() -> None:
+    history = _history([0.0] * 130)  # an idle pool: nothing in the whole history
+    silent, since, _ = stages.sudden_silence(history, 129.0, 0.0, math.nan, HOLD)
+    assert not silent and since == -math.inf
+    assert stages.sudden_silence(history, 130.0, 0.0, since, HOLD)[:2] == (False, -math.inf)
+    assert stages.sudden_silence(history, 131.0, 2.0, since, HOLD)[:2][0] is False  # arrivals: over
+    assert math.isnan(stages.sudden_silence(history, 131.0, 2.0, since, HOLD)[1])
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=200))
 def test_never_silent_while_arrivals_come(rates: list[float]) -> None:

@@ -74,7 +74,7 @@ def prom(prometheus_bin: str) -> Iterator[PrometheusServer]:
 
 
 def test_scrape_maps_instances_and_reads_both_spellings(prom: PrometheusServer) -> None:
-    source = PrometheusSource(prom.url, labels=LABELS)
+    source = PrometheusSource(prom.url, labels=LABELS, timeout_s=10.0)  # a loaded CI box; deadlines: below
     s = source.scrape(time.time())
     assert s.instance_ids == ("a-d0", "a-p0", "b-m0")
     assert s.pools == ("a", "a", "b")
@@ -98,7 +98,8 @@ def test_scrape_maps_instances_and_reads_both_spellings(prom: PrometheusServer) 
 
 
 def test_aggregator_rates_from_two_scrapes(prom: PrometheusServer) -> None:
-    source = PrometheusSource(prom.url, labels=LABELS)
+    # a deadline for a loaded CI box (the 2-s default once ran out there); deadlines are tested below
+    source = PrometheusSource(prom.url, labels=LABELS, timeout_s=10.0)
     agg = LoadAggregator()
     t0 = time.time()
     agg.update(source.scrape(t0), ["a", "b"])
