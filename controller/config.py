@@ -651,15 +651,15 @@ class PolicyConfig(BaseModel):
         description=(
             "a pool whose arrivals stop dead (none for 10 s or more where its rate over the minute before made"
             " 20 expected, and that minute's per-tick counts were no more than 2x overdispersed: a steady stream,"
-            " not a burst's tail; controller.policy.stages.sudden_silence) is read like incomplete data for up"
-            " to this long from the silence's start, while no request waits: it may scale up, never down."
-            " Traffic that falls does not stop"
-            " within a second; traffic cut off upstream does, and comes back with its retries on top"
-            " (s18_outage_retry: 6 req/s, 60 s of nothing, then 18 req/s: 83.49 -> 99.61 % SLO). The default is"
-            " one cold start (provision_lead_s): an outage up to about that long is back before released"
-            " capacity could be rebuilt; a longer hold covers longer outages and costs that long of the fleet"
-            " after traffic that really stopped (on/off with 20-min silences: +5.3 % GPU-s at 120 s, +18.6 % at"
-            " 300). 0 = off (session 17's policy). docs/OPERATIONS.md 7.26"
+            " not a burst's tail; controller.policy.stages.sudden_silence) wants what it has for up to this long"
+            " from the silence's start, while no request waits: it may scale up, never down, and the ordinary"
+            " scale-down window (scale_down_delay_s) starts only when the silence ends. Traffic that falls does"
+            " not stop within a second; traffic cut off upstream does, and comes back with its retries on top"
+            " (s18_outage_retry: 6 req/s, 60 s of nothing, then 18 req/s: 83.49 -> 99.61 % SLO, 82.91 -> 98.80"
+            " with seed 1). The default, one cold start (provision_lead_s), keeps the fleet through an outage"
+            " shorter than the hold plus the window (30-170 s: 99.6 %; 180 s: 83.0 %); a longer hold covers"
+            " longer outages and costs that long of the fleet after traffic that really stopped (on/off with"
+            " 20-min silences: +10.2 % GPU-s at 120 s). 0 = off (session 17's policy). docs/OPERATIONS.md 7.26"
         ),
     )
     young_hold_s: float = Field(

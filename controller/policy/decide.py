@@ -184,9 +184,12 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     final: dict[str, int] = {}
     for role in ROLES:
         current = obs.replicas.get(role, 0)
+        # while silent the pool wants what it has: no scale-down now, and the scale-down window, which reads
+        # the targets wanted, starts only when the silence ends (on s18's outage with seed 1 the first tick of
+        # the retries, its target not yet risen, released a third of the pool into the storm)
         target, roles[role], why_h = stages.hysteresis_stage(
             role,
-            wanted[role],
+            max(wanted[role], current) if silent else wanted[role],
             current,
             obs.now_s,
             cfg,

@@ -85,6 +85,14 @@ def test_a_bursts_tail_is_not_a_silence() -> None:
     assert any(_run([6.5] * 120 + [0.0] * 60))
 
 
+def test_a_gap_like_the_streams_own_is_not_a_silence() -> None:
+    # 3 req/s with a 6-s gap every 20 s (index ~1.8: thinned bursty traffic looks Poisson), then nothing:
+    # silent only once the silence is 4x the longest gap (7 ticks) = 28 s, not at 10 s
+    gappy = [0.0 if i % 20 >= 14 else 4.3 for i in range(120)]
+    silent = _run(gappy[:114] + [0.0] * 60)  # the last gap runs into the silence: it starts at 113
+    assert not any(silent[: 113 + 28]) and all(silent[113 + 28 : 174])
+
+
 def test_too_little_history_before_it_is_not_a_silence() -> None:
     assert not any(_run([20.0] * 30 + [0.0] * 60))  # 30 s seen: not a stream known to be steady
 
@@ -112,15 +120,15 @@ def test_never_silent_while_arrivals_come(rates: list[float]) -> None:
     assert not any(s for s, r in zip(silent, rates, strict=True) if r > 0)
 
 
-def _prefill_replicas(cfg: PolicyConfig) -> list[int]:
-    """decide's prefill target tick by tick: 4 min at 6 req/s on a pool held at 3 prefill / 2 decode, then
-    90 s of nothing (the outage)."""
+def _prefill_replicas(cfg: PolicyConfig, back_s: float = math.inf, back_rps: float = 1.0) -> list[int]:
+    """decide's prefill + decode targets tick by tick: 4 min at 6 req/s on a pool held at 3 prefill / 2
+    decode, then nothing (the outage) until ``back_s``, then ``back_rps``."""
     state, out = PoolState(), []
     replicas = {"prefill": 3, "decode": 2}
     for t in range(330):
-        rps = 6.0 if t < 240 else 0.0
+        rps = 6.0 if t < 240 else (0.0 if t < back_s else back_rps)
         o = obs(now_s=float(t), arrival_rps=rps, prompt_tps=rps * 1000.0, gen_tps=rps * 200.0,
-                running_seqs=rps * 8.0 if t < 240 else max(0.0, 48.0 - 4.0 * (t - 240)),
+                running_seqs=rps * 8.0 if t < 240 or t >= back_s else max(0.0, 48.0 - 4.0 * (t - 240)),
                 replicas=dict(replicas), active=dict(replicas), standby={"prefill": 0, "decode": 0},
                 waiting_requests=0.0, kv_usage=0.1)  # fmt: skip
         plan, state = decide(ctx(o, cfg), state)
@@ -137,3 +145,11 @@ def test_decide_holds_the_pool_through_an_outage() -> None:
     assert held[239] == off[239]  # the same pool before the outage
     assert min(held[240:]) >= held[239]  # no scale-down during the silence
     assert min(off[240:]) < off[239]  # without the hold, the 60-s window releases capacity within 90 s
+
+
+def test_the_scale_down_window_starts_when_the_silence_ends() -> None:
+    # the traffic comes back after 60 s, its first ticks low (a retry storm's first second, or a slow return):
+    # the window must read the targets from the return on, not the silence's low ones (s18's outage, seed 1)
+    base = dict(min_prefill=1, min_decode=1, standby_prefill=0, standby_decode=0, young_hold_s=0.0)
+    held = _prefill_replicas(PolicyConfig(**base), back_s=300.0, back_rps=1.0)
+    assert min(held[240:330]) >= held[239]  # 30 s after the return: nothing released yet
