@@ -138,15 +138,22 @@ class MaskingConfig:
     ``channel_prob``: each channel of a sequence is hidden entirely with this probability (an exporter
     that is not there). ``gap_prob``: a sequence gets one outage, all channels hidden, lasting
     ``gap_len_s`` (a scrape failure). Defaults are small: the model should mostly see its inputs.
+    ``token_prob``: both token channels (the ``token_columns`` given to ``mask_channels``) are hidden together for
+    a whole sequence with this probability, so the network learns to forecast from the arrivals alone too and
+    leans less on token rates that may mislead it (0, the default, draws nothing: the shipped recipe's sequences).
     """
 
     channel_prob: float = 0.1
     gap_prob: float = 0.2
     gap_len_s: tuple[int, int] = (2, 30)
+    token_prob: float = 0.0
 
 
-def mask_channels(values: np.ndarray, rng: np.random.Generator, config: MaskingConfig) -> np.ndarray:
-    """A copy of ``values`` (``[T, C]``, NaN = unknown) with random channels and one random gap set to NaN."""
+def mask_channels(
+    values: np.ndarray, rng: np.random.Generator, config: MaskingConfig, token_columns: Sequence[int] = ()
+) -> np.ndarray:
+    """A copy of ``values`` (``[T, C]``, NaN = unknown) with random channels and one random gap set to NaN, and
+    with ``config.token_prob`` > 0 the ``token_columns`` together (drawn last, so 0 leaves the rest as it was)."""
     if values.ndim != 2:
         raise ValueError(f"mask_channels: values must be [T, C], got shape {values.shape}")
     out = values.copy()
@@ -158,6 +165,8 @@ def mask_channels(values: np.ndarray, rng: np.random.Generator, config: MaskingC
         gap = int(rng.integers(lo, hi + 1))
         start = int(rng.integers(0, max(1, n_t - gap)))
         out[start : start + gap, :] = np.nan
+    if config.token_prob > 0 and len(token_columns) and rng.random() < config.token_prob:
+        out[:, list(token_columns)] = np.nan
     return out
 
 

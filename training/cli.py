@@ -344,6 +344,14 @@ def fit_cmd(
             " deviation; 5-min correlation), so the network does not read token rates as arrivals; 0 = off.",
         ),
     ] = 0.0,
+    mask_tokens: Annotated[
+        float,
+        typer.Option(
+            "--mask-tokens",
+            help="Hide both token-rate channels for a whole training sequence with this probability (0-1), so"
+            " the network also learns to forecast from the arrivals alone; 0 = off (the shipped recipe).",
+        ),
+    ] = 0.0,
     horizon_s: Annotated[
         int, typer.Option("--horizon-s", help="Forecast horizon: totals over the next N seconds.")
     ] = 5,
@@ -466,6 +474,8 @@ def fit_cmd(
         raise typer.BadParameter(
             f"--token-drift {token_drift!r}: give a log-space standard deviation >= 0 (0 = off)"
         )
+    if not 0 <= mask_tokens <= 1:
+        raise typer.BadParameter(f"--mask-tokens {mask_tokens!r}: give a probability in [0, 1] (0 = off)")
     syn_rates = _float_list(synthetic_rate_range, "--synthetic-rate-range")
     if len(syn_rates) != 2 or not 0 < syn_rates[0] <= syn_rates[1]:
         raise typer.BadParameter(
@@ -498,7 +508,7 @@ def fit_cmd(
         holdout_frac=holdout_frac,
         val_frac=val_frac,
     )
-    masking = MaskingConfig()
+    masking = MaskingConfig(token_prob=mask_tokens)
     augment = AugmentConfig(
         rate_range=(rates[0], rates[1]),
         token_range=(tokens[0], tokens[1]),

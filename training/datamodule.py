@@ -31,6 +31,7 @@ from training.augment import MaskingConfig, mask_channels
 from training.data import NodeSeries, cut_window, window_starts
 
 _DAY_S = 86_400.0
+TOKEN_CHANNELS = ("prompt_tps", "gen_tps")  # hidden together by MaskingConfig.token_prob
 DEFAULT_HORIZON_S = 5.0
 """The horizon assumed for series that do not say theirs (``NodeSeries.horizon_s`` None) on absolute schemas."""
 
@@ -129,6 +130,7 @@ class SequenceDataset(Dataset[dict[str, torch.Tensor]]):
         self.normalizer = normalizer
         self.schema = schema
         self.masking = masking
+        self._token_columns = tuple(i for i, c in enumerate(schema.channels) if c in TOKEN_CHANNELS)
         self.random_time_of_day = random_time_of_day
         self.seed = seed
         self.epoch = epoch
@@ -155,7 +157,7 @@ class SequenceDataset(Dataset[dict[str, torch.Tensor]]):
         x_raw, totals, burst = cut_window(series, start, self.seq_len)
         rng = np.random.default_rng([self.seed, self.epoch, i])
         if self.masking is not None:
-            x_raw = mask_channels(x_raw, rng, self.masking)
+            x_raw = mask_channels(x_raw, rng, self.masking, self._token_columns)
         t0 = float(rng.uniform(0, _DAY_S)) if self.random_time_of_day else series.t0_unix_s
         if not np.isfinite(t0):
             t0 = 0.0  # unknown wall time: midnight (time features carry no information then)

@@ -192,6 +192,33 @@ def test_mask_channels_hides_without_touching_input() -> None:
     assert not np.isnan(gap[~hidden_rows]).any()
 
 
+def test_mask_tokens_hides_both_token_channels_together_and_zero_draws_nothing() -> None:
+    values = np.arange(200 * len(CHANNELS), dtype=np.float64).reshape(200, len(CHANNELS))
+    tokens = [CHANNELS.index("prompt_tps"), CHANNELS.index("gen_tps")]
+    for seed in range(20):  # 0: the same hidden channels and gap, and the generator left where it was
+        r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+        plain = mask_channels(values, r1, MaskingConfig())
+        with_cols = mask_channels(values, r2, MaskingConfig(token_prob=0.0), tokens)
+        np.testing.assert_array_equal(plain, with_cols)
+        assert r1.random() == r2.random()
+    off = MaskingConfig(channel_prob=0.0, gap_prob=0.0)
+    always = mask_channels(values, np.random.default_rng(0), MaskingConfig(0.0, 0.0, (2, 30), 1.0), tokens)
+    assert np.isnan(always[:, tokens]).all()
+    others = [c for c in range(len(CHANNELS)) if c not in tokens]
+    np.testing.assert_array_equal(
+        always[:, others], mask_channels(values, np.random.default_rng(0), off)[:, others]
+    )
+    hidden = [
+        np.isnan(
+            mask_channels(values, np.random.default_rng(s), MaskingConfig(0.0, 0.0, (2, 30), 0.5), tokens)[
+                0, tokens
+            ]
+        ).all()
+        for s in range(400)
+    ]
+    assert 0.42 < np.mean(hidden) < 0.58  # about half the sequences
+
+
 def test_augmented_copies_differ_from_the_original() -> None:
     tr = poisson_trace(5, 300, 6)
     copies = augmented_copies([tr], AugmentConfig(copies_per_source=5), np.random.default_rng(0))

@@ -55,6 +55,8 @@ def test_tiny_level_relative_fit_loads_and_evaluates(tmp_path: Path) -> None:
         ["--token-range", "0,4"],
         ["--token-drift", "-0.5"],
         ["--token-drift", "nan"],
+        ["--mask-tokens", "1.5"],
+        ["--mask-tokens", "-0.1"],
     ],
 )
 def test_bad_level_options_are_a_clear_error(flags: list[str], tmp_path: Path) -> None:
