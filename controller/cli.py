@@ -76,6 +76,11 @@ def config_summary(cfg: ControllerConfig) -> list[str]:
     lines.append(f"online forecast combination: {cfg.forecaster_combination}")
     lines.append(f"onset burst detector: {'on' if cfg.forecaster_burst_detector else 'off'}")
     lines.append(f"forecaster length guard: {'on' if cfg.forecaster_length_guard else 'off'}")
+    holds = ", ".join(
+        f"{p.name} {p.policy.silence_hold_s:g} s" if p.policy.silence_hold_s > 0 else f"{p.name} off"
+        for p in cfg.pools
+    )
+    lines.append(f"silence hold (no scale-down while arrivals have stopped dead): {holds}")
     return lines
 
 

@@ -164,7 +164,7 @@ def test_config_check_accepts_and_summarises_the_three_options(tmp_path: Path) -
     path = tmp_path / "live.yaml"
     doc = live(
         gpu_budget=8,
-        pools=[{"name": "chat", "gpu_share": 4}, {"name": "code"}],
+        pools=[{"name": "chat", "gpu_share": 4}, {"name": "code", "policy": {"silence_hold_s": 0}}],
         router_admin={"pools": {"chat": {"url": "http://chat-router.llm.svc"}}, "drain_timeout_s": 90},
         forecaster_burst_detector=False,
         forecaster_combination="arrivals",
@@ -177,6 +177,7 @@ def test_config_check_accepts_and_summarises_the_three_options(tmp_path: Path) -
     assert "onset burst detector: off" in result.output
     assert "online forecast combination: arrivals" in result.output
     assert "forecaster length guard: on" in result.output
+    assert "silence hold (no scale-down while arrivals have stopped dead): chat 120 s, code off" in result.output
 
 
 def test_config_check_rejects_each_broken_option(tmp_path: Path) -> None:
