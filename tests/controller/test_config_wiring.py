@@ -177,7 +177,9 @@ def test_config_check_accepts_and_summarises_the_three_options(tmp_path: Path) -
     assert "onset burst detector: off" in result.output
     assert "online forecast combination: arrivals" in result.output
     assert "forecaster length guard: on" in result.output
-    assert "silence hold (no scale-down while arrivals have stopped dead): chat 120 s, code off" in result.output
+    assert (
+        "silence hold (no scale-down while arrivals have stopped dead): chat 120 s, code off" in result.output
+    )
 
 
 def test_config_check_rejects_each_broken_option(tmp_path: Path) -> None:
