@@ -51,6 +51,7 @@ from gen_shapes_s11 import (  # noqa: E402
     shapes_main,
     time_reversed,
 )
+from gen_shapes_s14 import exp_decay_pieces  # noqa: E402
 
 from serving.workload.readers import read_trace  # noqa: E402
 from serving.workload.trace import Trace  # noqa: E402
@@ -72,11 +73,8 @@ def exp_growth_pieces(
     start_rps: float, end_rps: float, doubling_s: float, step_s: float, lengths: Lengths
 ) -> list[Piece]:
     """From ``start_rps`` doubling every ``doubling_s`` until ``end_rps`` (steps of ``step_s``, each at the curve's
-    value at its middle)."""
-    total_s = doubling_s * np.log2(end_rps / start_rps)
-    k = max(1, round(total_s / step_s))
-    mids = (np.arange(k) + 0.5) * (total_s / k)
-    return [Piece(total_s / k, float(start_rps * 2.0 ** (m / doubling_s)), lengths) for m in mids]
+    value at its middle): gen_shapes_s14's geometric ``exp_decay_pieces`` run upwards."""
+    return exp_decay_pieces(start_rps, end_rps, doubling_s * np.log2(end_rps / start_rps), step_s, lengths)
 
 
 def random_walk_pieces(

@@ -44,6 +44,7 @@ LENGTH_MIN_ARRIVALS = 10.0
 LENGTH_QUANTILES = (0.005, 0.995)
 #: The raw channels the guard reads: the arrival rate, then the two token rates.
 LENGTH_CHANNELS = ("arrival_rps", "prompt_tps", "gen_tps")
+TOKEN_CHANNELS = LENGTH_CHANNELS[1:]  # what the guard hides (and training's MaskingConfig.token_prob)
 _MAX_RATE = 1e12  # as forecaster.features: larger is not a measurement
 
 
@@ -179,7 +180,7 @@ def guarded_mask(mask: np.ndarray, outside: np.ndarray, channels: Sequence[str])
     """``mask [..., C]`` with the token channels hidden where ``outside [...]`` (a copy when any is)."""
     if not np.any(outside):
         return np.asarray(mask, dtype=bool)
-    hide = np.array([c in LENGTH_CHANNELS[1:] for c in channels], dtype=bool)
+    hide = np.array([c in TOKEN_CHANNELS for c in channels], dtype=bool)
     out: np.ndarray = np.asarray(mask, dtype=bool) & ~(np.asarray(outside)[..., None] & hide)
     return out
 

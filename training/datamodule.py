@@ -27,11 +27,11 @@ from forecaster.features import (
     level_offsets,
     level_series,
 )
+from forecaster.lengths import TOKEN_CHANNELS
 from training.augment import MaskingConfig, mask_channels
 from training.data import NodeSeries, cut_window, window_starts
 
 _DAY_S = 86_400.0
-TOKEN_CHANNELS = ("prompt_tps", "gen_tps")  # hidden together by MaskingConfig.token_prob
 DEFAULT_HORIZON_S = 5.0
 """The horizon assumed for series that do not say theirs (``NodeSeries.horizon_s`` None) on absolute schemas."""
 

@@ -184,8 +184,8 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
     final: dict[str, int] = {}
     for role in ROLES:
         current = obs.replicas.get(role, 0)
-        # while silent the pool wants what it has: no scale-down now, and the scale-down window, which reads
-        # the targets wanted, starts only when the silence ends (on s18's outage with seed 1 the first tick of
+        # while silent the pool wants what it has: no scale-down now (the window's highest target is the
+        # current count), and the window, which reads the targets wanted, starts only when the silence ends (on s18's outage with seed 1 the first tick of
         # the retries, its target not yet risen, released a third of the pool into the storm)
         target, roles[role], why_h = stages.hysteresis_stage(
             role,
@@ -194,7 +194,7 @@ def decide(ctx: PolicyContext, state: PoolState) -> tuple[ScalingPlan | None, Po
             obs.now_s,
             cfg,
             state.roles.get(role, RoleHistory()),
-            can_scale_down=obs.complete and not silent,
+            can_scale_down=obs.complete,
             fast_up=obs.standby.get(role, 0),
             hold_s=young.hold_s.get(role, hold_s),
             cold_persist_s=waits[role],

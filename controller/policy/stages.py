@@ -1676,7 +1676,7 @@ def sudden_silence(
     if hold_s <= 0:
         return False, math.nan, None
     if not _known(arrival_rps):
-        silent = math.isfinite(since_s) and now_s - since_s < hold_s
+        silent = math.isfinite(since_s) and now_s - since_s < hold_s and not queued
         return silent, since_s, None
     if arrival_rps > 0:
         return False, math.nan, None
@@ -1707,9 +1707,9 @@ def _silence_start(history: tuple[tuple[float, float], ...], now_s: float) -> fl
     silence_s = now_s - start
     if silence_s < SILENCE_MIN_S:
         return math.nan
-    times = [t for t, _ in history[:i] if start - t < SILENCE_BEFORE_S]
-    before = [r for t, r in history[:i] if start - t < SILENCE_BEFORE_S]
-    span_s = times[-1] - times[0]
+    rows = [row for row in history[:i] if start - row[0] < SILENCE_BEFORE_S]
+    before = [r for _, r in rows]
+    span_s = rows[-1][0] - rows[0][0]
     if len(before) < 3 or span_s < SILENCE_MIN_COVERAGE * SILENCE_BEFORE_S:
         return math.nan  # too little seen before it to call the stream steady
     rate = sum(before) / len(before)

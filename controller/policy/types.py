@@ -229,7 +229,8 @@ class PoolState:
     burst_runs: tuple[tuple[float, float], ...] = ()
     # when the current stretch of nil measured load began (NaN = the load needs something; stages.idle_stretch)
     idle_since_s: float = math.nan
-    # when the current sudden silence began (stages.sudden_silence; PolicyConfig.silence_hold_s); NaN = none
+    # when the current sudden silence began (stages.sudden_silence; PolicyConfig.silence_hold_s); NaN = none,
+    # -inf = a silence older than the rate history (never held, not judged again while it lasts)
     silent_since_s: float = math.nan
     # where idle pauses were cut out of the burst history (stages.resume_history), in its moved time
     pauses: tuple[float, ...] = ()

@@ -1,8 +1,8 @@
 """``PolicyConfig.silence_hold_s`` (session 18): a pool whose arrivals stop dead, where its rate made that
-implausible, is read like incomplete data (scale up, never down) until traffic returns or the hold ends.
+implausible, wants what it has (scale up, never down) until traffic returns or the hold ends.
 s18_outage_retry (6 req/s, 60 s of nothing, then 18 req/s of retries) lost a third of its prefill and half its
-decode during the outage and met the storm with them: 83.49 % SLO against reactive's 99.63 %. The decide case
-below fails with ``can_scale_down`` blind to the silence."""
+decode during the outage and met the storm with them: 83.49 % SLO against reactive's 99.63 %. The decide cases
+below fail with the hysteresis stage given the plain target while silent."""
 
 from __future__ import annotations
 
