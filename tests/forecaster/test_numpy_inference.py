@@ -367,17 +367,20 @@ def test_compiled_kernels_equal_the_numpy_step_through_ring_wrap_around(
     ref, ours = _numpy(net, layout, "numpy", dtype), _numpy(net, layout, "numba", dtype)
     s_ref, s_ours = ref.new_state(n), ours.new_state(n)
     tol = ATOL if dtype is np.float32 else 1e-9
+    # and a few float32 ulps of the value: a quantile of 123 has an ulp of 7.6e-6, above ATOL (found by
+    # hypothesis, session 19: the two summation orders differed by one ulp there)
+    rel = 4 * float(np.finfo(np.float32).eps) if dtype is np.float32 else 0.0
     for i in range(t):
         q_ref, l_ref = ref.step(s_ref, z[:, i].astype(dtype), i)
         q, logit = ours.step(s_ours, z[:, i].astype(dtype), i)
         assert q.dtype == dtype and q.shape == q_ref.shape
         assert np.isfinite(q).all() and np.isfinite(logit).all()
-        np.testing.assert_allclose(q, q_ref, atol=tol, rtol=0, err_msg=f"t={i}")
-        np.testing.assert_allclose(logit, l_ref, atol=tol, rtol=0, err_msg=f"t={i}")
+        np.testing.assert_allclose(q, q_ref, atol=tol, rtol=rel, err_msg=f"t={i}")
+        np.testing.assert_allclose(logit, l_ref, atol=tol, rtol=rel, err_msg=f"t={i}")
     k_ref, v_ref = s_ref._ring_nodes(np.arange(n))
     k, v = s_ours._ring_nodes(np.arange(n))
-    np.testing.assert_allclose(k, k_ref, atol=tol, rtol=0)  # the rings hold the same keys and values
-    np.testing.assert_allclose(v, v_ref, atol=tol, rtol=0)
+    np.testing.assert_allclose(k, k_ref, atol=tol, rtol=rel)  # the rings hold the same keys and values
+    np.testing.assert_allclose(v, v_ref, atol=tol, rtol=rel)
 
 
 def test_numpy_net_rejects_an_unknown_kernel() -> None:
