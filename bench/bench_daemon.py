@@ -65,6 +65,8 @@ class SyntheticSource:
         self.gen_rate = np.where(prefill, 0.0, 600.0)
         self.req_rate = np.where(prefill, 3.0, 0.0)
         self.running = np.where(prefill, 0.0, 30.0)
+        # decode instances time one inter-token gap per generated token, each running / gen_rate seconds
+        self.itl_bucket = int(np.searchsorted(s.ITL_BUCKETS_S, 30.0 / 600.0))
 
     def scrape(self, now_s: float) -> s.InstanceSamples:
         n = len(self.ids)
@@ -85,7 +87,14 @@ class SyntheticSource:
                 s.GENERATION_TOKENS_TOTAL: self.gen_rate * now_s,
                 s.ROUTER_REQUESTS_TOTAL: self.req_rate * now_s,
             },
+            histograms={s.INTER_TOKEN_LATENCY_SECONDS: self._itl(now_s)},
         )
+
+    def _itl(self, now_s: float) -> s.Histogram:
+        gaps = np.round(self.gen_rate * now_s).astype(np.int64)
+        counts = np.zeros((len(self.ids), len(s.ITL_BUCKETS_S) + 1), dtype=np.int64)
+        counts[:, self.itl_bucket :] = gaps[:, None]
+        return s.Histogram(s.ITL_BUCKETS_S, counts, self.running * now_s)
 
 
 def _setups(n_pools: int) -> list[PoolSetup]:

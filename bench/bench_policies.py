@@ -716,7 +716,9 @@ def main() -> None:
                 ) -> Forecaster:
                     return ForecastRecorder(f, sink)
 
-                wrap = recorder if args.forecast_stats and pol == "predictive" else None
+                wrap: Callable[[Forecaster], Forecaster] | None = (
+                    recorder if args.forecast_stats and pol == "predictive" else None
+                )
                 if args.length_guard == "off" and pol == "predictive":
                     wrap = unguarded(wrap)
                 policy = make(pol, args.forecaster, params, ck_path, combination, wrap)

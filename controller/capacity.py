@@ -13,7 +13,7 @@ from controller.policy.types import PoolCapacity, PoolObservation
 from serving.sim.capacity import decode_capacity, mixed_node_capacity, prefill_capacity_tps
 from serving.sim.fleet import PoolSpec
 from serving.sim.hardware import get_profile
-from serving.sim.latency import get_latency_model
+from serving.sim.latency import ScaledLatencyModel, get_latency_model
 
 REFRESH_REL = 0.1
 DEFAULT_PROMPT_TOKENS = 1024.0
@@ -25,6 +25,7 @@ def pool_capacity(
     mean_prompt_tokens: float,
     mean_output_tokens: float,
     prompt_tps_per_node: float | None = None,
+    latency_scale: float = 1.0,
 ) -> PoolCapacity:
     """One instance's prefill tokens/s at the TTFT SLO and decode batch/tokens/s at the ITL SLO.
 
@@ -36,8 +37,12 @@ def pool_capacity(
     the rest with its ITL budget cut by the node's interference); the policies then size nodes from both
     needs (``controller.policy.mixed_node``). ``prompt_tps_per_node``: the measured prompt load over the pool's
     nodes, which sets how busy a node's prefill instance is (None: busy as at its capacity load).
+    ``latency_scale``: the engine measured this many times slower than its profile (``controller.latency_correction``);
+    the capacities are those of the profile's latency model scaled by it (not applied to mixed-node pools).
     """
     profile, model = get_profile(pool.profile), get_latency_model(pool.profile)
+    if latency_scale != 1.0 and pool.placement != "mixed-node":
+        model = ScaledLatencyModel(model, latency_scale)  # type: ignore[assignment]
     prompt = max(mean_prompt_tokens, 1.0)
     output = max(mean_output_tokens, 1.0)
     if pool.placement == "mixed-node":
@@ -71,12 +76,18 @@ class CapacityCache:
     output_tokens: float = math.nan
     capacity: PoolCapacity | None = None
     load_bucket: int | None = None  # mixed-node: the prompt load per node it was computed for (log buckets)
+    latency_scale: float = 1.0  # the latency correction it was computed for
 
     def get(
-        self, mean_prompt_tokens: float, mean_output_tokens: float, prompt_tps_per_node: float | None = None
+        self,
+        mean_prompt_tokens: float,
+        mean_output_tokens: float,
+        prompt_tps_per_node: float | None = None,
+        latency_scale: float = 1.0,
     ) -> PoolCapacity:
         """``prompt_tps_per_node`` matters to mixed-node pools only (see ``pool_capacity``); it is bucketed
-        in steps of ``REFRESH_REL``, as the lengths are."""
+        in steps of ``REFRESH_REL``, as the lengths are. ``latency_scale`` (the latency correction's factor)
+        is used as given: it moves in steps already (``controller.latency_correction``)."""
         prompt = mean_prompt_tokens if math.isfinite(mean_prompt_tokens) else DEFAULT_PROMPT_TOKENS
         output = mean_output_tokens if math.isfinite(mean_output_tokens) else DEFAULT_OUTPUT_TOKENS
         bucket = None
@@ -93,10 +104,12 @@ class CapacityCache:
             or abs(prompt - self.prompt_tokens) > REFRESH_REL * self.prompt_tokens
             or abs(output - self.output_tokens) > REFRESH_REL * self.output_tokens
             or bucket != self.load_bucket
+            or latency_scale != self.latency_scale
         )
         if stale or self.capacity is None:
-            self.capacity = pool_capacity(self.pool, prompt, output, load)
+            self.capacity = pool_capacity(self.pool, prompt, output, load, latency_scale)
             self.prompt_tokens, self.output_tokens, self.load_bucket = prompt, output, bucket
+            self.latency_scale = latency_scale
         return self.capacity
 
 

@@ -81,7 +81,19 @@ def config_summary(cfg: ControllerConfig) -> list[str]:
         for p in cfg.pools
     )
     lines.append(f"silence hold (no scale-down while arrivals have stopped dead): {holds}")
+    corrections = ", ".join(
+        f"{p.name} {_latency_correction_line(p.policy.latency_correction, p.placement)}" for p in cfg.pools
+    )
+    lines.append(f"latency correction (capacities at the engines' measured speed): {corrections}")
     return lines
+
+
+def _latency_correction_line(mode: str, placement: str) -> str:
+    if mode == "off":
+        return "off"
+    if placement == "mixed-node":
+        return "not applied (mixed-node)"
+    return "on" if mode == "slower" else "on, faster engines too"
 
 
 def controller_cmd(

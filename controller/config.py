@@ -662,6 +662,23 @@ class PolicyConfig(BaseModel):
             " 20-min silences: +10.2 % GPU-s at 120 s). 0 = off (session 17's policy). docs/OPERATIONS.md 7.26"
         ),
     )
+    latency_correction: Literal["off", "slower", "both"] = Field(
+        "slower",
+        description=(
+            "measure each pool's engine speed against its hardware profile online and size with it"
+            " (controller.latency_correction): the serving decode instances' inter-token gaps (the ITL histogram's"
+            " sum and count) against the profile's decode step at each instance's own batch at the mean"
+            " context, smoothed (half-life 60 s, 30 s of readings first), applied outside a +-15 % dead band in"
+            " 5 % steps: the capacities are those of the profile's latency model that many times slower."
+            " 'slower' (the default since session 19): only engines slower than the profile are corrected (at"
+            " most 4x); faster ones keep the profile's capacities. 'both': faster ones too (at least 0.5x): on a"
+            " fleet 0.7x the profile's step time -18 % GPU-s on Azure code at equal SLO, but -2.65 points on the"
+            " 600-s sinusoid, whose fleet the profile over-sized. A fleet 1.5x slower than its profile: Azure"
+            " code 92.20 -> 96.78 % SLO (99.94 % after 600 s), the 600-s sinusoid 49.80 -> 74.89 %. A fleet that"
+            " matches its profile keeps its capacities to the bit (every reference row and shape unchanged)."
+            " Mixed-node pools: not corrected. docs/OPERATIONS.md 7.27"
+        ),
+    )
     young_hold_s: float = Field(
         240.0,
         ge=0.0,

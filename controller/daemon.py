@@ -297,6 +297,7 @@ class Daemon:
             if self.telemetry is not None:
                 complete = decision.observation.complete
                 self.telemetry.pool_decision(name, decision.plan, decision.forecast, complete)
+                self.telemetry.pool_latency(name, decision.latency_scale, decision.latency_estimate)
             self._note_degrade(name, decision)
             self._note_silence(name, decision)
             if decision.vanished:

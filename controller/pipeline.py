@@ -23,6 +23,7 @@ import numpy as np
 
 from controller.capacity import CapacityCache, prompt_load_per_node
 from controller.config import ControllerConfig, PolicyConfig
+from controller.latency_correction import LatencyCorrection, latency_correction
 from controller.policy import (
     PolicyContext,
     PoolCapacity,
@@ -307,6 +308,10 @@ class PoolDecision:
     forecast: PoolForecast | None
     reasons: tuple[str, ...]
     vanished: tuple[str, ...] = ()  # instances seen in the previous scrape and missing from this one
+    # the latency correction (policy.latency_correction): the factor the capacities were computed with, and
+    # the smoothed measured / modelled ITL (NaN: off, or no usable reading yet)
+    latency_scale: float = 1.0
+    latency_estimate: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -356,6 +361,21 @@ class _Track:
     previous_state: PoolState = field(default_factory=PoolState)
     instances: frozenset[str] = frozenset()
     burst: RateTracker = field(default_factory=lambda: RateTracker(MIN_BURST_HALFLIFE_S))
+    latency: LatencyCorrection | None = None  # None: policy.latency_correction off
+
+    @property
+    def latency_scale(self) -> float:
+        """The factor the pool's capacities are computed with (1 = the profile's latency model)."""
+        return self.latency.factor if self.latency is not None else 1.0
+
+
+def serving_decode_only(load: PoolLoad) -> int:
+    """The pool's serving (active or draining) decode instances, or 0 when it also has serving mixed instances
+    (their inter-token gaps hold prefill's interference: not a reading of the engine's speed)."""
+    if any(load.counts.get("mixed", {}).get(s, 0) for s in ("active", "draining")):
+        return 0
+    dec = load.counts.get("decode", {})
+    return int(dec.get("active", 0) + dec.get("draining", 0))
 
 
 class Pipeline:
@@ -388,7 +408,12 @@ class Pipeline:
         if gpu_budget is not None and gpu_budget < 1:
             raise ValueError(f"Pipeline.gpu_budget must be >= 1 or None, got {gpu_budget}")
         self.tracks = {
-            p.name: _Track(p, CapacityCache(p.spec), burst=RateTracker(burst_halflife_s(p.spec.slo_ttft_ms)))
+            p.name: _Track(
+                p,
+                CapacityCache(p.spec),
+                burst=RateTracker(burst_halflife_s(p.spec.slo_ttft_ms)),
+                latency=latency_correction(p.spec, p.policy.latency_correction),
+            )
             for p in pools
         }
         self.forecaster = forecaster
@@ -451,6 +476,11 @@ class Pipeline:
                 ratio=track.setup.policy.output_ratio,
             )
             self.tracks[name].burst.update(load.arrival_rps, dt)
+            if track.latency is not None:
+                lengths = track.lengths
+                track.latency.update(
+                    load, serving_decode_only(load), lengths.prompt_ewma, lengths.output_ewma, dt
+                )
         forecasts, error = self._forecast(loads, now_s)
         decisions = {}
         capacities = {}  # the capacity each pool decided with: the budget reads the same
@@ -466,6 +496,11 @@ class Pipeline:
                 )
             if error is not None:
                 notes.append(f"forecast skipped ({error}); measured load only")
+            if track.latency_scale != 1.0:
+                notes.append(
+                    f"latency correction: engines measured {track.latency_scale:.2f}x the profile's step time"
+                    f" ({track.setup.spec.profile}); capacities sized at that speed"
+                )
             ctx = self._context(track, obs)
             capacities[name] = ctx.capacity
             track.previous_state = track.state
@@ -476,7 +511,12 @@ class Pipeline:
                 plan = evolve(plan, reasons=(*notes, *plan.reasons))
             reasons = plan.reasons if plan is not None else tuple(notes)
             gone = tuple(sorted(vanished.get(name, ())))
-            decisions[name] = PoolDecision(name, plan, obs, loads[name], forecasts[name], reasons, gone)
+            latency = track.latency
+            decisions[name] = PoolDecision(
+                name, plan, obs, loads[name], forecasts[name], reasons, gone,
+                latency_scale=track.latency_scale,
+                latency_estimate=latency.estimate if latency is not None else math.nan,
+            )  # fmt: skip
         if self.budget is not None:
             decisions = self._budget(decisions, counts, capacities, now_s)
         decisions = self._mixed_nodes(decisions)
@@ -571,7 +611,9 @@ class Pipeline:
         active = int(c.active.get("decode", 0))
         if active <= 0:
             return False
-        cap = track.capacity.get(track.lengths.prompt_ewma, track.lengths.output_ewma)
+        cap = track.capacity.get(
+            track.lengths.prompt_ewma, track.lengths.output_ewma, latency_scale=track.latency_scale
+        )
         policy = track.setup.policy
         kv = policy.decode_saturated_kv or policy.output_floor_kv == "on"
         if (
@@ -593,7 +635,10 @@ class Pipeline:
         return PolicyContext(
             obs=obs,
             capacity=track.capacity.get(
-                track.lengths.prompt_ewma, track.lengths.output_ewma, prompt_load_per_node(obs)
+                track.lengths.prompt_ewma,
+                track.lengths.output_ewma,
+                prompt_load_per_node(obs),
+                latency_scale=track.latency_scale,
             ),
             config=track.setup.policy,
             slo_ttft_ms=spec.slo_ttft_ms,

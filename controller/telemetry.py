@@ -62,6 +62,19 @@ class Telemetry:
             ["pool"],
             registry=r,
         )
+        self.latency_correction = Gauge(
+            p + "latency_correction",
+            "Factor the pool's capacities are sized with: its engines' measured step time over the profile's"
+            " (1 = the profile, or policy.latency_correction off)",
+            ["pool"],
+            registry=r,
+        )
+        self.latency_estimate = Gauge(
+            p + "latency_estimate",
+            "Smoothed measured / modelled inter-token time of the pool's decode instances (NaN: no reading yet)",
+            ["pool"],
+            registry=r,
+        )
         self.decisions = Counter(
             p + "decisions", "Decisions by outcome (plan / no_opinion)", ["pool", "outcome"], registry=r
         )
@@ -171,6 +184,11 @@ class Telemetry:
             self.target_replicas.labels(pool=pool, role=role, tier="standby").set(plan.standby(role))
         self.degraded.labels(pool=pool).set(1.0 if plan.degrade else 0.0)
         self.silence_hold.labels(pool=pool).set(1.0 if plan.silent else 0.0)
+
+    def pool_latency(self, pool: str, scale: float, estimate: float) -> None:
+        """The latency correction's applied factor and its estimate (``controller.latency_correction``)."""
+        self.latency_correction.labels(pool=pool).set(scale)
+        self.latency_estimate.labels(pool=pool).set(estimate)
 
     def serving_counters(self, samples: InstanceSamples) -> None:
         """Mirror the serving side's tail-request counters per pool (absent metric: gauge left as it was)."""

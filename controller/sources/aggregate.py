@@ -51,6 +51,13 @@ class PoolLoad:
     # of ``waiting``, the requests a router queues for any entry instance (pdscale:router_queue_length, added to
     # the instances' waiting by the sources); the rest wait in an instance's own queue
     router_waiting: float = 0.0
+    # mean inter-token latency on the pool's serving decode (and mixed) instances since the last scrape, from
+    # the ITL histogram's sum and count (exact, unlike a quantile read off its coarse buckets); NaN when no
+    # gap was timed or the sum is not exported. ``itl_gaps``: how many inter-token gaps it averages
+    itl_mean_s: float = math.nan
+    itl_gaps: float = 0.0
+    # the same per serving decode instance, for a model of each one's step (controller.latency_correction)
+    decode_readings: DecodeReadings | None = None
 
     def channels(self) -> list[float]:
         """Values in the forecaster's CHANNELS order (forecaster.types.CHANNELS)."""
@@ -66,6 +73,18 @@ class PoolLoad:
             self.itl_p50_s,
             self.itl_p90_s,
         ]
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeReadings:
+    """Per serving decode (or mixed) instance of a pool, aligned: inter-token gaps timed since the last
+    scrape and their summed seconds (NaN: the ``_sum`` is not exported), and the running sequences and KV-cache
+    usage (0..1) at the scrape (NaN: unknown)."""
+
+    gaps: np.ndarray
+    gap_s: np.ndarray
+    running: np.ndarray
+    kv_usage: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -102,7 +121,11 @@ def _deltas(prev: InstanceSamples | None, rows: np.ndarray, cur: InstanceSamples
             return None
         before = np.where(seen[:, None], prev.histograms[metric].counts[safe], 0)
         d = h.counts - before
-        return Histogram(h.bounds_s, np.where(d.min(axis=1, keepdims=True) < 0, h.counts, d), h.sums)
+        reset = d.min(axis=1) < 0  # a histogram that went down was reset: count from zero
+        sums_before = np.where(seen, prev.histograms[metric].sums[safe], 0.0)
+        return Histogram(
+            h.bounds_s, np.where(reset[:, None], h.counts, d), np.where(reset, h.sums, h.sums - sums_before)
+        )
 
     return _Deltas(
         dt_s=cur.now_s - prev.now_s if prev is not None else math.nan,
@@ -129,6 +152,19 @@ def _quantiles(h: Histogram | None, mask: np.ndarray) -> tuple[float, float]:
         return math.nan, math.nan
     summed = h.counts[mask].sum(axis=0)
     return histogram_quantile(0.5, h.bounds_s, summed), histogram_quantile(0.9, h.bounds_s, summed)
+
+
+def _mean(h: Histogram | None, rows: np.ndarray) -> tuple[float, float]:
+    """The mean observation of the histogram deltas over ``rows`` (their summed sum over their summed count) and
+    that count; NaN (and the count) when nothing was observed or a sum is unknown (a source that does not read
+    the ``_sum`` series leaves them NaN)."""
+    if h is None or not len(rows):
+        return math.nan, 0.0
+    n = float(h.counts[rows, -1].sum())
+    total = float(h.sums[rows].sum())
+    if n <= 0 or not math.isfinite(total) or total < 0:
+        return math.nan, n
+    return total / n, n
 
 
 @dataclass(frozen=True)
@@ -226,6 +262,17 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool, rows
     prompt_total = float(prompt.sum())
     ttft50, ttft90 = _quantiles(d.ttft, rows.in_pool)
     itl50, itl90 = _quantiles(d.itl, rows.in_pool)
+    itl_mean, itl_gaps = _mean(d.itl, rows.serving_decode)
+    readings = None
+    if d.itl is not None and len(rows.serving_decode):
+        sel = rows.serving_decode
+        run, kvs = cur.gauges.get(names.NUM_REQUESTS_RUNNING), kv
+        readings = DecodeReadings(
+            gaps=d.itl.counts[sel, -1].astype(np.float64),
+            gap_s=d.itl.sums[sel],
+            running=run[sel] if run is not None else np.full(len(sel), np.nan),
+            kv_usage=kvs[sel] if kvs is not None else np.full(len(sel), np.nan),
+        )
     return PoolLoad(
         pool=pool,
         now_s=cur.now_s,
@@ -249,6 +296,9 @@ def _pool_load(pool: str, cur: InstanceSamples, d: _Deltas, complete: bool, rows
         router_waiting=gauge_sum(names.ROUTER_QUEUE_SHARE, rows.serving_prompt)
         if names.ROUTER_QUEUE_SHARE in cur.gauges
         else 0.0,
+        itl_mean_s=itl_mean,
+        itl_gaps=itl_gaps,
+        decode_readings=readings,
     )
 
 

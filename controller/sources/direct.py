@@ -41,6 +41,7 @@ from controller.settings import LabelMap
 from controller.sources.prometheus import (
     COUNTERS,
     GAUGES,
+    HISTOGRAM_SUMS,
     HISTOGRAMS,
     PrometheusSource,
     SourceError,
@@ -54,7 +55,10 @@ log = logging.getLogger(__name__)
 _SELECTOR = re.compile(r'^\{__name__=~"(?P<regex>[^"]+)"\}$')
 # every sample name PrometheusSource reads (its own tables): only those lines of a page are parsed
 _WANTED = re.compile(
-    "|".join(f"(?:{r})" for r in (*GAUGES.values(), *COUNTERS.values(), *HISTOGRAMS.values()))
+    "|".join(
+        f"(?:{r})"
+        for r in (*GAUGES.values(), *COUNTERS.values(), *HISTOGRAMS.values(), *HISTOGRAM_SUMS.values())
+    )
 )
 _LABELS = LabelMap(instance="instance", pool="pool", role="role", node="node", pool_fallback=None)
 _IDENTITY = ("instance", "pool", "role", "node")
@@ -121,7 +125,7 @@ Row = dict[
 
 def wanted_lines(text: str) -> str:
     """The sample lines of a page whose metric name the Prometheus source reads (``GAUGES``, ``COUNTERS``,
-    ``HISTOGRAMS``); comments and every other series are dropped before parsing. A vLLM page has ~300
+    ``HISTOGRAMS`` and the ``_sum`` of ``HISTOGRAM_SUMS``); comments and every other series are dropped before parsing. A vLLM page has ~300
     samples of which ~60 are read: parsing only those is most of the scrape's CPU saved
     (bench/bench_direct_source.py). The parser reads the kept lines as untyped samples, names unchanged."""
     keep = []

@@ -61,6 +61,11 @@ HISTOGRAMS: dict[str, str] = {
     names.TIME_TO_FIRST_TOKEN_SECONDS: "vllm[:_]time_to_first_token_seconds_bucket",
     names.INTER_TOKEN_LATENCY_SECONDS: "vllm[:_]inter_token_latency_seconds_bucket",
 }
+# histograms whose ``_sum`` is read too (one more query each): the ITL's mean is what the latency correction
+# compares with the latency model (``controller.latency_correction``); a quantile off its coarse buckets is not
+HISTOGRAM_SUMS: dict[str, str] = {
+    names.INTER_TOKEN_LATENCY_SECONDS: "vllm[:_]inter_token_latency_seconds_sum",
+}
 _MEAN_GAUGES = frozenset({names.KV_CACHE_USAGE_PERC})
 # the router's per-backend counters: optional (absent = no router), and attributed only to instances the
 # vLLM series name (a router scraped as its own target would otherwise read as one more instance)
@@ -286,6 +291,10 @@ class PrometheusSource:
         for metric, regex in HISTOGRAMS.items():
             rows = self._instant(f'{{__name__=~"{regex}"}}', now_s, deadline)
             buckets[metric] = self._buckets(metric, rows, who, tally)
+        sums: dict[str, dict[str, float]] = {}  # metric -> instance -> sum of observations
+        for metric, regex in HISTOGRAM_SUMS.items():
+            rows = self._instant(f'{{__name__=~"{regex}"}}', now_s, deadline)
+            sums[metric] = self._per_instance(metric + "_sum", rows, who, tally)
         queues = self._router_queues(self._instant(f'{{__name__=~"{ROUTER_QUEUE}"}}', now_s, deadline), tally)
         if tally:
             log.warning("prometheus source: unmapped series this scrape: %s", tally)
@@ -298,7 +307,7 @@ class PrometheusSource:
                 continue  # the router's counters are optional: absent means "not deployed", left out (NaN rates)
             arr = np.array([per.get(i, math.nan) for i in ids], dtype=np.float64).reshape(n)
             (gauges if metric in GAUGES else counters)[metric] = arr
-        histograms = {m: _histogram(per, ids) for m, per in buckets.items() if per}
+        histograms = {m: _histogram(per, ids, sums.get(m)) for m, per in buckets.items() if per}
         samples = InstanceSamples(
             now_s=now_s,
             instance_ids=ids,
@@ -541,13 +550,15 @@ def add_router_queues(
     return replace(samples, gauges=gauges), unplaced
 
 
-def _histogram(per: Mapping[str, Mapping[float, float]], ids: Sequence[str]) -> Histogram:
+def _histogram(
+    per: Mapping[str, Mapping[float, float]], ids: Sequence[str], sums: Mapping[str, float] | None = None
+) -> Histogram:
     """Cumulative bucket counts on the union of bounds (+Inf last).
 
     An instance lacking a bound another instance has takes the count of its next lower bound (cumulative
     counts never decrease, so this is a lower bound, never an invented observation). An instance without
-    the histogram at all has an all-zero row: it contributes no observations. ``sums`` are NaN (unknown):
-    the ``_sum`` series is not read, nothing downstream uses it.
+    the histogram at all has an all-zero row: it contributes no observations. ``sums``: each instance's
+    ``_sum`` series (``HISTOGRAM_SUMS``); NaN where it is not read or not there (unknown, never zero).
     """
     finite = sorted({le for b in per.values() for le in b if math.isfinite(le)})
     cols = [*finite, math.inf]
@@ -561,7 +572,12 @@ def _histogram(per: Mapping[str, Mapping[float, float]], ids: Sequence[str]) -> 
             last = b.get(le, last)
             counts[r, c] = round(last)
         counts[r] = np.maximum.accumulate(counts[r])
-    return Histogram(bounds_s=tuple(finite), counts=counts, sums=np.full(len(ids), np.nan))
+    got = sums or {}
+    return Histogram(
+        bounds_s=tuple(finite),
+        counts=counts,
+        sums=np.array([got.get(i, math.nan) for i in ids], dtype=np.float64),
+    )
 
 
 # -- PromQL for history --------------------------------------------------------------------------

@@ -110,6 +110,16 @@ def alert_rules() -> Obj:
             "Nothing reaches the pool: check the gateway, router and clients upstream. The controller holds the"
             " pool's capacity for the retries (policy.silence_hold_s) and releases it if the traffic stays away.",
         ),
+        _alert(
+            "PdscaleEnginesSlowerThanProfile",
+            "max by (pool) (pdscale_controller_latency_estimate) > 1.15",
+            "10m",
+            "warning",
+            "Decode steps of pool {{ $labels.pool }} take {{ $value | humanize }}x its hardware profile's",
+            "The engines are slower than the profile the controller sizes with. With policy.latency_correction"
+            " on (the default) it sizes at the measured speed; fix the cause or set the pool's profile to the"
+            " real hardware (attention backend, GPU clocks, a noisy neighbour, another vLLM release).",
+        ),
     ]
     return {
         "groups": [

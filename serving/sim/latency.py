@@ -1312,6 +1312,52 @@ def fit_wake_up(idle_gap_s: Any, ttft_ms: Any, prompt_tokens: Any, idle_after_s:
     }
 
 
+# ------------------------------------------------------------------------------------------ a slower (faster) engine
+class ScaledLatencyModel:
+    """Another latency model with every engine iteration ``factor`` times as long (prefill and decode alike).
+
+    Two uses: the controller's capacity on hardware measured slower (or faster) than its profile
+    (``controller.latency_correction``), and a simulated fleet whose real speed is not the profile's, to measure
+    that correction (``bench/bench_latency_correction.py``). The KV transfer (the network) is not scaled, and
+    every other attribute (overheads, stalls, the profile) is the inner model's."""
+
+    def __init__(self, inner: LatencyModel, factor: float) -> None:
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"ScaledLatencyModel: factor must be a finite number > 0, got {factor!r}")
+        self.inner = inner
+        self.factor = float(factor)
+
+    @property
+    def profile(self) -> HardwareProfile:
+        return self.inner.profile
+
+    def iteration_ms(
+        self,
+        prefill_tokens: ArrayIn,
+        prefill_context_tokens: ArrayIn,
+        decode_batch: ArrayIn,
+        decode_context_tokens: ArrayIn,
+        *,
+        prefill_seqs: ArrayIn = 1,
+    ) -> Any:
+        out = self.inner.iteration_ms(
+            prefill_tokens,
+            prefill_context_tokens,
+            decode_batch,
+            decode_context_tokens,
+            prefill_seqs=prefill_seqs,
+        )
+        return out * self.factor
+
+    def decode_step_ms(self, batch: ArrayIn, mean_context_tokens: ArrayIn) -> Any:
+        return self.inner.decode_step_ms(batch, mean_context_tokens) * self.factor
+
+    def __getattr__(self, name: str) -> Any:  # overheads, stall and wake-up terms: the inner model's
+        if name == "inner":  # not set yet (copy/pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
 # ------------------------------------------------------------------------------------------ registry
 @lru_cache(maxsize=64)
 def latency_model_for(profile: HardwareProfile) -> OperatorLatencyModel | LinearLatencyModel:

@@ -164,7 +164,10 @@ def test_config_check_accepts_and_summarises_the_three_options(tmp_path: Path) -
     path = tmp_path / "live.yaml"
     doc = live(
         gpu_budget=8,
-        pools=[{"name": "chat", "gpu_share": 4}, {"name": "code", "policy": {"silence_hold_s": 0}}],
+        pools=[
+            {"name": "chat", "gpu_share": 4},
+            {"name": "code", "policy": {"silence_hold_s": 0, "latency_correction": "off"}},
+        ],
         router_admin={"pools": {"chat": {"url": "http://chat-router.llm.svc"}}, "drain_timeout_s": 90},
         forecaster_burst_detector=False,
         forecaster_combination="arrivals",
@@ -179,6 +182,9 @@ def test_config_check_accepts_and_summarises_the_three_options(tmp_path: Path) -
     assert "forecaster length guard: on" in result.output
     assert (
         "silence hold (no scale-down while arrivals have stopped dead): chat 120 s, code off" in result.output
+    )
+    assert (
+        "latency correction (capacities at the engines' measured speed): chat on, code off" in result.output
     )
 
 

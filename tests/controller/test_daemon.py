@@ -53,6 +53,7 @@ class ScriptedSource:
     nan: set[str] = field(default_factory=set)
     missing: set[str] = field(default_factory=set)
     hidden: set[str] = field(default_factory=set)
+    itl_s: float | None = None  # set: decode instances export an ITL histogram, one gap per token, each itl_s
     scrapes: list[float] = field(default_factory=list)
     _totals: dict[str, float] = field(default_factory=dict)
     _last_s: float = math.nan
@@ -82,6 +83,12 @@ class ScriptedSource:
             counters[name] = np.full(len(keep), np.nan)
         for name in self.missing:
             counters.pop(name, None)
+        histograms = {}
+        if self.itl_s is not None:
+            gaps = np.round(col(0.0, self._totals["gen"] / n_pools)).astype(np.int64)
+            bounds = (self.itl_s / 2, 2 * self.itl_s)  # every gap in the middle bucket
+            counts = np.stack([np.zeros_like(gaps), gaps, gaps], axis=1)
+            histograms[s.INTER_TOKEN_LATENCY_SECONDS] = s.Histogram(bounds, counts, gaps * self.itl_s)
         return s.InstanceSamples(
             now_s=now_s,
             instance_ids=tuple(keep),
@@ -95,6 +102,7 @@ class ScriptedSource:
                 s.KV_CACHE_USAGE_PERC: col(0.0, 0.2),
             },
             counters=counters,
+            histograms=histograms,
         )
 
 

@@ -20,6 +20,7 @@ from controller.daemon import Daemon, DaemonOptions, build_daemon
 from controller.leader import LeaderElector, LeaderSettings
 from controller.sources.prometheus import PrometheusSource
 from serving.sim import samples as s
+from serving.sim.fleet import PoolSpec
 from tests.controller.test_daemon import FlakyActuator, ScriptedSource, cluster, events, make_daemon, metric
 from tests.support.kube_apiserver import FakeKubeApiServer
 from tests.support.prometheus import PrometheusServer
@@ -166,6 +167,39 @@ def test_traffic_that_stops_dead_holds_the_pool_with_a_log_line_and_a_metric(
         assert [r.silent for r in events(caplog, "silence")] == [True, False]  # type: ignore[attr-defined]
     silent = [bool(e["plan"] and e["plan"]["silent"]) for e in read_audit(tmp_path / "audit.jsonl")]
     assert not any(silent[:80]) and all(silent[100:175]) and not any(silent[-20:])
+
+
+def test_engines_slower_than_their_profile_are_sized_at_their_speed_with_a_reason_and_a_metric(
+    tmp_path: Path,
+) -> None:
+    from controller.audit import AuditLog, read_audit
+    from serving.sim.latency import get_latency_model
+
+    profile = PoolSpec().profile
+    running = 40.0  # ScriptedSource's decode instance: 40 sequences; prompts 1,000 tokens, outputs 100
+    step_s = float(get_latency_model(profile).decode_step_ms(running, 1000.0 + 100.0 / 2)) / 1e3
+    prefill = {}
+    for itl_s in (step_s, 1.8 * step_s):  # as the profile says, then 1.8 x slower
+        clock = VirtualClock()
+        state = cluster()
+        with AuditLog(tmp_path / f"audit-{itl_s}.jsonl") as audit:
+            source = ScriptedSource(running=running, itl_s=itl_s)
+            daemon = make_daemon(source, state, clock, policy=PolicyConfig(standby_decode=0), audit=audit)
+            ticks(daemon, clock, 60)
+        prefill[itl_s] = state.current("a").role("prefill").replicas
+        estimate = metric(daemon, "pdscale_controller_latency_estimate", pool="a")
+        assert estimate == pytest.approx(itl_s / step_s, rel=0.02)
+        applied = metric(daemon, "pdscale_controller_latency_correction", pool="a")
+        entries = read_audit(tmp_path / f"audit-{itl_s}.jsonl")
+        said = [any("latency correction" in r for r in e["reasons"]) for e in entries if e["plan"]]
+        if itl_s == step_s:
+            assert applied == 1.0 and not any(said)
+        else:
+            assert applied == pytest.approx(1.8, rel=0.05)
+            assert not any(said[:29]) and all(said[31:])  # after 30 s of readings, on every plan
+    # the factor measured on decode sizes prefill too: 20,000 prompt tokens/s need 2 instances of the profile's
+    # speed, 4 at 1.8 x its step time
+    assert prefill[1.8 * step_s] > prefill[step_s]
 
 
 # -- Kubernetes ---------------------------------------------------------------------------------

@@ -137,7 +137,7 @@ class _Cap:
 
 
 class _Cache:
-    def get(self, *_: object) -> _Cap:
+    def get(self, *_: object, **__: object) -> _Cap:
         return _Cap()
 
 
@@ -158,6 +158,7 @@ class _Track:
         self.lengths = LengthTracker() if output is None else LengthTracker(output_ewma=output)
         self.setup = _Setup(policy or PolicyConfig())
         self.state = state or PoolState()
+        self.latency_scale = 1.0  # the latency correction's factor: the profile's speed
 
 
 COUNTS_2D = PoolCounts(replicas={"decode": 2}, active={"decode": 2}, standby={}, provisioning={})

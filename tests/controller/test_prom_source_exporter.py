@@ -23,6 +23,9 @@ from prometheus_client.registry import Collector
 BOUNDS_S = (0.1, 0.25, 0.5)  # small histogram: every request lands in (0.1, 0.25]
 
 
+ITL_S = 0.02  # every fake inter-token gap
+
+
 @dataclass(frozen=True)
 class FakeInstance:
     """One fake vLLM instance: fixed gauges, counters growing at fixed rates, all TTFTs in one bucket."""
@@ -35,6 +38,7 @@ class FakeInstance:
     gen_tps: float
     requests_rps: float | None  # None: no router counter for this instance
     ttft_rps: float  # TTFT observations per second, each in (0.1, 0.25]
+    itl_rps: float = 0.0  # inter-token gaps per second, each 20 ms (0: the ITL histogram is not exported)
 
 
 @dataclass(eq=False)
@@ -57,6 +61,7 @@ class _Collector(Collector):
         gen = CounterMetricFamily("vllm:generation_tokens", "gen", labels=keys)
         router = CounterMetricFamily("pdscale:router_requests", "routed", labels=keys)
         ttft = HistogramMetricFamily("vllm:time_to_first_token_seconds", "ttft", labels=keys)
+        itl = HistogramMetricFamily("vllm:inter_token_latency_seconds", "itl", labels=keys)
         for inst in self.instances:
             v = values(inst.labels)
             running.add_metric(v, inst.running)
@@ -69,9 +74,14 @@ class _Collector(Collector):
                 router.add_metric(v, inst.requests_rps * dt)
             n = float(int(inst.ttft_rps * dt))
             ttft.add_metric(v, [("0.1", 0.0), ("0.25", n), ("0.5", n), ("+Inf", n)], sum_value=0.2 * n)
+            if inst.itl_rps > 0:
+                g = float(int(inst.itl_rps * dt))
+                itl.add_metric(v, [("0.01", 0.0), ("0.025", g), ("+Inf", g)], sum_value=ITL_S * g)
         for labels in self.extra:
             running.add_metric(values(labels), 1.0)
         yield from (running, waiting, kv, prompt, gen, router, ttft)
+        if any(i.itl_rps > 0 for i in self.instances):
+            yield itl
 
 
 class FakeVllmExporter:

@@ -16,7 +16,7 @@ from controller.sources.aggregate import LoadAggregator
 from controller.sources.prometheus import PrometheusSource, SourceUnavailable
 from serving.router.metrics import RouterMetrics
 from serving.sim import samples as names
-from tests.controller.test_prom_source_exporter import BOUNDS_S, FakeInstance, FakeVllmExporter
+from tests.controller.test_prom_source_exporter import BOUNDS_S, ITL_S, FakeInstance, FakeVllmExporter
 from tests.support.prometheus import DISCOVERY_DELAY_S, PrometheusServer, ScrapeJob, free_port
 
 pytestmark = pytest.mark.prometheus
@@ -29,7 +29,7 @@ PREFILL = FakeInstance(
     {"instance_id": "a-p0", "pool": "a", "role": "prefill"}, 2.0, 3.0, 0.0, 1000.0, 0.0, 4.0, 4.0
 )
 DECODE = FakeInstance(
-    {"instance_id": "a-d0", "pool": "a", "role": "decode"}, 7.0, None, 0.4, 0.0, 300.0, 0.0, 0.0
+    {"instance_id": "a-d0", "pool": "a", "role": "decode"}, 7.0, None, 0.4, 0.0, 300.0, 0.0, 0.0, itl_rps=50.0
 )
 MIXED = FakeInstance({"instance_id": "b-m0", "model_name": "b"}, 5.0, 1.0, 0.25, 500.0, 200.0, None, 2.0)
 UNMAPPED = ({"pool": "a", "role": "decode"},)  # no instance_id: counted, never dropped silently
@@ -93,7 +93,9 @@ def test_scrape_maps_instances_and_reads_both_spellings(prom: PrometheusServer) 
     ttft = s.histograms[names.TIME_TO_FIRST_TOKEN_SECONDS]
     assert ttft.bounds_s == BOUNDS_S
     assert (ttft.counts[:, 0] == 0).all() and (ttft.counts[:, 1] == ttft.counts[:, -1]).all()
-    assert names.INTER_TOKEN_LATENCY_SECONDS not in s.histograms  # not exported: absent, not zeros
+    itl = s.histograms[names.INTER_TOKEN_LATENCY_SECONDS]  # the decode instance's alone; its _sum read too
+    assert itl.counts[0, -1] > 0 and (itl.counts[1:] == 0).all()
+    assert itl.sums[0] == pytest.approx(ITL_S * itl.counts[0, -1]) and np.isnan(itl.sums[1:]).all()
     assert source.stats().unmapped == {names.NUM_REQUESTS_RUNNING: 1, names.ROUTER_DISPATCHED_TOTAL: 1}
 
 
@@ -119,6 +121,9 @@ def test_aggregator_rates_from_two_scrapes(prom: PrometheusServer) -> None:
     assert a.kv_usage == pytest.approx(0.4) and b.kv_usage == pytest.approx(0.25)
     # every TTFT in (0.1, 0.25]: Prometheus-style interpolation puts p50 half-way, p90 at 9/10
     assert a.ttft_p50_s == pytest.approx(0.175) and a.ttft_p90_s == pytest.approx(0.235)
+    # the mean ITL from the histogram's _sum over its count (exact: every gap is 20 ms); none in pool b
+    assert a.itl_mean_s == pytest.approx(ITL_S) and a.itl_gaps > 0
+    assert math.isnan(b.itl_mean_s)
 
 
 def test_stopped_prometheus_is_unavailable(prometheus_bin: str) -> None:

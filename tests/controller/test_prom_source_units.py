@@ -67,6 +67,9 @@ def test_histogram_union_of_bounds_never_invents_observations() -> None:
     # x lacks 0.25: its count there is the lower bound's (1); y lacks 0.1 (0 below its first) and 0.5 (2)
     np.testing.assert_array_equal(h.counts, [[1, 1, 4, 5], [0, 2, 2, 3], [0, 0, 0, 0]])
     assert np.isnan(h.sums).all()
+    # with the _sum series read: each instance's own, NaN where it has none (unknown, never zero)
+    h = _histogram(per, ("x", "y", "z"), {"x": 0.9, "z": 0.0})
+    assert h.sums[0] == 0.9 and math.isnan(h.sums[1]) and h.sums[2] == 0.0
 
 
 class FakeQuerier:
@@ -124,8 +127,8 @@ def test_one_query_per_metric_and_the_canonical_spelling_wins() -> None:
     )
     source = PrometheusSource("http://unused", querier=q)
     s = source.scrape(100.0)
-    # gauges, counters, histograms, the router queue: one query each for the whole fleet
-    assert len(q.queries) == 3 + 7 + 2 + 1
+    # gauges, counters, histograms, the ITL histogram's _sum, the router queue: one query each for the fleet
+    assert len(q.queries) == 3 + 7 + 2 + 1 + 1
     # vLLM splits finished requests by finished_reason: one instance's series are added up
     assert s.counters[names.REQUEST_SUCCESS_TOTAL][0] == 7.0
     assert s.gauges[names.NUM_REQUESTS_RUNNING][0] == 3.0  # not 6: spellings are never added up

@@ -34,7 +34,7 @@ def test_the_shipped_rule_files_pass_promtool_check(promtool: str, tmp_path: Pat
     (tmp_path / "cm-rules.yaml").write_text(cm["data"]["pdscale-rules.yaml"])
     done = _run(promtool, "check", "rules", "rules.yaml", "cm-rules.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 7 rules found" in done.stdout
+    assert "SUCCESS: 8 rules found" in done.stdout
 
 
 def test_promtool_check_rejects_a_broken_expression(promtool: str, tmp_path: Path) -> None:
@@ -175,6 +175,14 @@ def _tests() -> list[dict[str, Any]]:
                     "values": "0 0 1 1 1 0 0",
                 },
                 {"series": 'pdscale_controller_silence_hold{pool="b", instance="c0"}', "values": "0x7"},
+                {
+                    "series": 'pdscale_controller_latency_estimate{pool="a", instance="c0"}',
+                    "values": "1.6x20",
+                },
+                {
+                    "series": 'pdscale_controller_latency_estimate{pool="b", instance="c0"}',
+                    "values": "1.1x20",
+                },
             ],
             "alert_rule_test": [
                 {"eval_time": "3m", "alertname": "PdscaleControllerNoLeader", "exp_alerts": []},
@@ -195,6 +203,12 @@ def _tests() -> list[dict[str, Any]]:
                     "exp_alerts": [{"exp_labels": {"severity": "warning", "pool": "a", **TEAM}}],
                 },
                 {"eval_time": "6m", "alertname": "PdscaleTrafficStoppedDead", "exp_alerts": []},
+                {"eval_time": "9m", "alertname": "PdscaleEnginesSlowerThanProfile", "exp_alerts": []},
+                {
+                    "eval_time": "11m",
+                    "alertname": "PdscaleEnginesSlowerThanProfile",
+                    "exp_alerts": [{"exp_labels": {"severity": "warning", "pool": "a", **TEAM}}],
+                },
             ],
         },
     ]

@@ -85,14 +85,16 @@ def test_the_daemon_scales_its_real_pool_by_its_own_decision_without_a_failed_re
         assert pool.ids("decode", "active") == ["d0", "d1"] and pool.instance("d1").pid == standby_pid
         # arrivals come from the router's page: its counters exist from the first routed request, so the rate
         # is unknown on the tick that first sees them; a later tick reads it
-        arrivals, gen = [], []
+        arrivals, gen, speed = [], [], []
         for _ in range(5):
             time.sleep(1.0)
             report = daemon.tick()
             assert report.ok, report.message
-            read = report.result.decisions["local"].load  # type: ignore[union-attr]
+            decision = report.result.decisions["local"]  # type: ignore[union-attr]
+            read = decision.load
             arrivals.append(read.arrival_rps)
             gen.append(read.gen_tps)
+            speed.append(round(decision.latency_estimate, 3))
         assert max(arrivals) > 0 and max(gen) > 0, (arrivals, gen)
         assert pool.count("decode") == 2  # no flap back within scale_down_delay_s
         outcomes = load.stop()
@@ -100,7 +102,8 @@ def test_the_daemon_scales_its_real_pool_by_its_own_decision_without_a_failed_re
         failed = [o for o in outcomes if o.error or o.status != 200]
         assert outcomes and not failed, failed[:3]
         print(
-            f"up {up_s:.1f} s; scaled after {decided_s:.1f} s of load; {len(outcomes)} requests; arrivals/s {arrivals}"
+            f"up {up_s:.1f} s; scaled after {decided_s:.1f} s of load; {len(outcomes)} requests; arrivals/s {arrivals};"
+            f" real engines' decode step over cpu-tiny's (latency correction's estimate) {speed}"
         )
     finally:
         if load is not None:
