@@ -158,6 +158,7 @@ class Daemon:
         self._elector_failures = 0
         self._degraded: set[str] = set()
         self._silent: set[str] = set()
+        self._latency_scale: dict[str, float] = {}  # pool -> the latency correction's factor last logged
         self._closers: list[tuple[str, Callable[[], None]]] = []
         if telemetry is not None:
             telemetry.set_forecaster(forecaster.name, forecaster_fallback is not None)
@@ -300,6 +301,7 @@ class Daemon:
                 self.telemetry.pool_latency(name, decision.latency_scale, decision.latency_estimate)
             self._note_degrade(name, decision)
             self._note_silence(name, decision)
+            self._note_latency(name, decision)
             if decision.vanished:
                 log.warning(
                     "pool %s: instances vanished from the scrape: %s; no scale-down on this tick",
@@ -353,6 +355,31 @@ class Daemon:
                 pool, decision.plan.silent, self._silent, ("silence", "silent"), why,
                 "silence hold over (arrivals are back, a queue waits, or the hold ran out)",
             )  # fmt: skip
+
+    def _note_latency(self, pool: str, decision: PoolDecision) -> None:
+        """One line each time the latency correction's factor changes (it moves in 5 % steps, rarely): a warning
+        when the pool is sized at another speed than its profile's, an info line when it is back to the profile."""
+        scale, before = decision.latency_scale, self._latency_scale.get(pool, 1.0)
+        if scale == before:
+            return
+        self._latency_scale[pool] = scale
+        extra = {
+            "event": "latency_correction",
+            "pool": pool,
+            "factor": scale,
+            "estimate": decision.latency_estimate,
+        }
+        if scale != 1.0:
+            log.warning(
+                "pool %s: engines measured %.2fx the profile's decode step time (estimate %.3f): capacities sized at"
+                " that speed (policy.latency_correction)", pool, scale, decision.latency_estimate, extra=extra,
+            )  # fmt: skip
+        else:
+            log.info(
+                "pool %s: engines back within 15 %% of the profile: capacities at the profile's",
+                pool,
+                extra=extra,
+            )
 
     @staticmethod
     def _note_flag(

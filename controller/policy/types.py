@@ -75,7 +75,9 @@ class PoolCapacity:
     decode_seqs: float
     decode_tps: float
     gpus_per_instance: int
-    correction: float = 1.0  # observed / modelled latency; > 1 means the hardware is slower than modelled
+    # a divisor of the capacities (> 1: slower than modelled); the pipeline leaves it 1: its latency correction
+    # computes the capacities with the profile's latency model scaled instead (controller.latency_correction)
+    correction: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("prefill_tps", "decode_seqs", "decode_tps", "correction"):

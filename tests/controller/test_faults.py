@@ -170,7 +170,7 @@ def test_traffic_that_stops_dead_holds_the_pool_with_a_log_line_and_a_metric(
 
 
 def test_engines_slower_than_their_profile_are_sized_at_their_speed_with_a_reason_and_a_metric(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from controller.audit import AuditLog, read_audit
     from serving.sim.latency import get_latency_model
@@ -179,6 +179,7 @@ def test_engines_slower_than_their_profile_are_sized_at_their_speed_with_a_reaso
     running = 40.0  # ScriptedSource's decode instance: 40 sequences; prompts 1,000 tokens, outputs 100
     step_s = float(get_latency_model(profile).decode_step_ms(running, 1000.0 + 100.0 / 2)) / 1e3
     prefill = {}
+    caplog.set_level(logging.INFO)
     for itl_s in (step_s, 1.8 * step_s):  # as the profile says, then 1.8 x slower
         clock = VirtualClock()
         state = cluster()
@@ -194,9 +195,12 @@ def test_engines_slower_than_their_profile_are_sized_at_their_speed_with_a_reaso
         said = [any("latency correction" in r for r in e["reasons"]) for e in entries if e["plan"]]
         if itl_s == step_s:
             assert applied == 1.0 and not any(said)
+            assert events(caplog, "latency_correction") == []
         else:
             assert applied == pytest.approx(1.8, rel=0.05)
             assert not any(said[:29]) and all(said[31:])  # after 30 s of readings, on every plan
+            (line,) = events(caplog, "latency_correction")  # once, when the factor moved
+            assert line.factor == applied and "1.80x" in line.getMessage()  # type: ignore[attr-defined]
     # the factor measured on decode sizes prefill too: 20,000 prompt tokens/s need 2 instances of the profile's
     # speed, 4 at 1.8 x its step time
     assert prefill[1.8 * step_s] > prefill[step_s]
